@@ -1,0 +1,1 @@
+"""Countersign: durable, emailed human approval for AI agent actions, on Restate."""

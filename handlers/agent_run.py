@@ -1,0 +1,311 @@
+"""`AgentRun`: one agent run as a Restate workflow (key = run id).
+
+Guarantee: every model turn, policy answer, email and tool effect is a journaled step, so a run
+resumes after any crash or restart without repeating what already happened; the loop is bounded by
+`AGENT_MAX_TURNS`; a malformed task ends at once with a 400 carrying the validation message.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any, Literal
+
+import restate
+from pydantic import BaseModel, ValidationError
+from restate import DurablePromise, RunOptions, TerminalError, WorkflowContext, WorkflowSharedContext
+from restate.serde import Serde
+
+from handlers import links
+from handlers.actions import handle_call
+from handlers.contract import (
+    ActionRecord,
+    AgentTask,
+    ApprovalRecord,
+    CancelReceipt,
+    CancelRequest,
+    Decision,
+    DecisionReceipt,
+    Outcome,
+    PendingApproval,
+    RunResult,
+    RunStatus,
+)
+from handlers.links import LinkInvalid, LinkState
+from handlers.llm import ModelUnavailable, check_model, load_model
+from handlers.llm.base import AssistantTurn, ToolResult, ToolSpec, Transcript
+from handlers.run_state import STATE_KEY, RunBook, RunState
+from handlers.settings import get_settings
+from handlers.tools import default_registry
+from handlers.verdict import (
+    CANCEL_PROMISE,
+    STATE_OF,
+    Verdict,
+    decision_promise,
+    is_already_completed,
+)
+
+RETENTION = timedelta(days=14)
+MODEL_RETRIES = RunOptions[Any](
+    max_attempts=4, initial_retry_interval=timedelta(seconds=1), max_duration=timedelta(minutes=10)
+)
+
+
+class TaskSerde(Serde[AgentTask]):
+    """Parses `AgentTask`, turning a validation failure into a refused task instead of an exception
+    (the SDK would wrap it as a 500); `run` then ends with a 400 that carries the message."""
+
+    def deserialize(self, buf: bytes) -> AgentTask | None:
+        try:
+            return AgentTask.model_validate_json(buf or b"null")
+        except ValidationError as exc:
+            return AgentTask.refused(_validation_summary(exc))
+
+    def serialize(self, obj: AgentTask | None) -> bytes:
+        return obj.model_dump_json().encode() if obj is not None else b""
+
+
+def _validation_summary(exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors()[:8]:
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        problems.append(f"{where}: {err['msg']}")
+    return "invalid AgentTask: " + "; ".join(problems)
+
+
+agent_run = restate.Workflow(
+    "AgentRun",
+    description="An agent run that stops for a person's emailed approval before gated tool calls.",
+)
+
+
+def _tool_specs() -> list[ToolSpec]:
+    return [
+        ToolSpec(name=t.name, description=t.description, parameters=t.schema(), approval=t.policy.describe(t.name))
+        for t in default_registry()
+    ]
+
+
+def _model_turn(model_id: str, task: AgentTask, transcript: Transcript) -> AssistantTurn:
+    return load_model(model_id, task.script).next_turn(transcript, _tool_specs())
+
+
+def _pick_model(requested: str | None) -> str:
+    return requested or get_settings().model
+
+
+def _check_task(run_id: str, task: AgentTask) -> None:
+    if task.refusal:
+        raise TerminalError(task.refusal, 400)
+    if not links.RUN_ID.match(run_id):
+        raise TerminalError("run id must be 1-128 characters of A-Z a-z 0-9 . _ : - (starting alphanumeric)", 400)
+    if task.model is not None:
+        try:
+            check_model(task.model)
+        except ModelUnavailable as exc:
+            raise TerminalError(str(exc), 400) from None
+    if task.script is not None and (task.model or "scripted") != "scripted":
+        raise TerminalError("script is only for the scripted model", 400)
+
+
+@agent_run.main(name="run", input_serde=TaskSerde(), workflow_retention=RETENTION)
+async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
+    """Run the agent loop until the model answers, the run is cancelled, or the turn budget ends."""
+    _check_task(ctx.key(), task)
+    model_id = await ctx.run_typed("pin model", _pick_model, requested=task.model)
+    book = RunBook(
+        ctx,
+        RunState(run_id=ctx.key(), tenant=task.tenant, goal=task.goal, requester=task.requester, model=model_id),
+    )
+    book.save()
+    transcript = Transcript(goal=task.goal, requester=task.requester)
+    cancel = ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest)
+
+    for turn in range(get_settings().agent_max_turns):
+        if (request := await cancel.peek()) is not None:
+            return _finish(book, "cancelled", f"Cancelled: {request.reason}")
+        book.state.phase = "planning"
+        try:
+            reply = await ctx.run_typed(
+                f"model turn {turn}",
+                _model_turn,
+                MODEL_RETRIES,
+                model_id=model_id,
+                task=task,
+                transcript=transcript,
+            )
+        except TerminalError as exc:
+            if exc.status_code == 409:
+                raise
+            return _finish(book, "failed", f"The model call failed: {exc.message}")
+        transcript.turns.append(reply)
+        if not reply.tool_calls:
+            return _finish(book, "completed", reply.text)
+        book.state.phase = "acting"
+        for call in reply.tool_calls:
+            action = await handle_call(book, call, len(book.state.actions))
+            transcript.turns.append(_tool_result(call.id, action))
+            if action.outcome is Outcome.CANCELLED:
+                return _finish(book, "cancelled", f"Cancelled while waiting for approval: {action.reason}")
+    return _finish(book, "failed", f"The agent did not finish within {get_settings().agent_max_turns} turns.")
+
+
+def _tool_result(call_id: str, action: ActionRecord) -> ToolResult:
+    content: dict[str, Any] = {"outcome": action.outcome.value}
+    if action.result is not None:
+        content["result"] = action.result
+    if action.reason:
+        content["reason"] = action.reason
+    if action.result and "error" in action.result:
+        content["error"] = action.result["error"]
+    return ToolResult(call_id=call_id, name=action.tool, outcome=action.outcome.value, content=content)
+
+
+def _finish(book: RunBook, status: str, answer: str) -> RunResult:
+    book.state.phase = status  # type: ignore[assignment]
+    book.state.answer = answer
+    book.save()
+    return RunResult(
+        run_id=book.state.run_id,
+        status=status,  # type: ignore[arg-type]
+        answer=answer,
+        model=book.state.model,
+        actions=book.state.actions,
+    )
+
+
+@agent_run.handler(name="status")
+async def status(ctx: WorkflowSharedContext) -> RunStatus:
+    """Where the run is: phase, pending approvals with their age, and what happened so far."""
+    state = await ctx.get(STATE_KEY, type_hint=RunState)
+    if state is None:
+        return RunStatus(run_id=ctx.key(), phase="unknown")
+    now = await ctx.time()
+    pending = [
+        PendingApproval(
+            approval_id=a.approval_id,
+            tool=a.tool,
+            args=a.args,
+            digest=a.digest,
+            approvers=a.approvers,
+            deadline=a.deadline,
+            age_seconds=round(now - a.requested_at, 3),
+        )
+        for a in state.approvals.values()
+        if a.state == "pending"
+    ]
+    return RunStatus(
+        run_id=state.run_id,
+        phase=state.phase,
+        goal=state.goal,
+        requester=state.requester,
+        model=state.model,
+        pending=pending,
+        approvals=list(state.approvals.values()),
+        history=state.actions,
+        answer=state.answer,
+    )
+
+
+class LinkCheck(BaseModel):
+    """Journaled result of checking a token, so a key rotation cannot change a replayed branch."""
+
+    state: LinkState | Literal["invalid"]
+    reason: str = ""
+    status: int = 200
+    slot: int = -1
+    now: float
+
+
+def _check_link(token: str, record: ApprovalRecord) -> LinkCheck:
+    now = time.time()
+    try:
+        claims, state = links.check(token, record, get_settings().approvals_signing_keys, now)
+    except LinkInvalid as exc:
+        return LinkCheck(state="invalid", reason=exc.reason, status=exc.status, now=now)
+    return LinkCheck(state=state, slot=claims.slot, now=now)
+
+
+@agent_run.handler(name="decide")
+async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionReceipt:
+    """Record a person's verdict. Re-verifies the link token itself; the first completion wins."""
+    try:
+        claims = links.parse(decision.token)
+    except LinkInvalid as exc:
+        raise TerminalError(exc.reason, exc.status) from None
+    state = await ctx.get(STATE_KEY, type_hint=RunState)
+    record = None
+    if state is not None and claims.run_id == ctx.key():
+        record = state.approvals.get(links.approval_id(ctx.key(), claims.index))
+    if record is None:
+        raise TerminalError("This link is not valid.", 403)
+    check = await ctx.run_typed("verify link", _check_link, token=decision.token, record=record)
+    if check.state == "invalid":
+        raise TerminalError(check.reason, check.status)
+
+    promise = ctx.promise(decision_promise(record.approval_id), type_hint=Verdict)
+    if (winner := await promise.peek()) is not None:
+        return _receipt(record, winner, accepted=False)
+    if check.state == "replaced":
+        raise TerminalError("This link was replaced by a newer one; use the most recent email.", 410)
+    if check.state == "expired":
+        raise TerminalError("This link has expired.", 410)
+    reason = decision.reason.strip()
+    if decision.verdict == "reject" and not reason:
+        raise TerminalError("A reason is required to reject.", 400)
+    verdict = Verdict(
+        kind=decision.verdict,
+        by=record.approvers[check.slot],
+        reason=reason or None,
+        at=check.now,
+        round=record.round,
+        digest=record.digest,
+        client=decision.client,
+    )
+    try:
+        await promise.resolve(verdict)
+    except TerminalError as exc:
+        if not is_already_completed(exc):
+            raise
+        return _receipt(record, await promise.value(), accepted=False)
+    return _receipt(record, verdict, accepted=True)
+
+
+def _receipt(record: ApprovalRecord, verdict: Verdict, *, accepted: bool) -> DecisionReceipt:
+    return DecisionReceipt(
+        accepted=accepted,
+        approval_id=record.approval_id,
+        state=STATE_OF[verdict.kind],
+        decided_by=verdict.by,
+        decided_at=verdict.at,
+        reason=verdict.reason,
+    )
+
+
+@agent_run.handler(name="cancel")
+async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelReceipt:
+    """Stop the run: a pending approval resolves as `cancelled` and nothing further executes."""
+    state = await ctx.get(STATE_KEY, type_hint=RunState)
+    if state is None or state.phase in ("completed", "failed", "cancelled"):
+        return CancelReceipt(run_id=ctx.key(), accepted=False, cancelled_approvals=[])
+    accepted = await _complete(ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest), request)
+    now = await ctx.time()
+    cancelled = []
+    for record in state.approvals.values():
+        if record.state != "pending":
+            continue
+        verdict = Verdict(kind="cancel", reason=request.reason, at=now, round=record.round, digest=record.digest)
+        if await _complete(ctx.promise(decision_promise(record.approval_id), type_hint=Verdict), verdict):
+            cancelled.append(record.approval_id)
+    return CancelReceipt(run_id=ctx.key(), accepted=accepted, cancelled_approvals=cancelled)
+
+
+async def _complete(promise: DurablePromise[Any], value: Any) -> bool:
+    """Resolve unless already completed; True if this call's value won."""
+    try:
+        await promise.resolve(value)
+    except TerminalError as exc:
+        if not is_already_completed(exc):
+            raise
+        return False
+    return True

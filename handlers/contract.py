@@ -1,0 +1,173 @@
+"""Pydantic models of the public contract: what callers send to and get back from `AgentRun`.
+
+Guarantee: every handler input and output is one of these models; unknown fields are refused, so a
+typo in a request is a clear 4xx, never a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+EMAIL_PATTERN = r"^[^@\s<>\"']{1,64}@[A-Za-z0-9.-]{1,190}\.[A-Za-z]{2,24}$"
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Outcome(StrEnum):
+    """What happened to one proposed tool call (shown to the model, in status, result and audit)."""
+
+    AUTONOMOUS = "autonomous"
+    APPROVED = "approved"
+    APPROVED_WITH_EDITS = "approved_with_edits"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    ESCALATED = "escalated"
+    CANCELLED = "cancelled"
+    SUPERSEDED = "superseded"
+    UNDELIVERABLE = "undeliverable"
+    INVALID = "invalid"
+    FAILED = "failed"
+
+
+class ScriptStep(Strict):
+    tool: str = Field(min_length=1, max_length=64)
+    args: dict[str, Any] = Field(default_factory=dict)
+    why: str = Field(default="", max_length=2000)
+
+
+class AgentTask(Strict):
+    """Input of `AgentRun.run`."""
+
+    goal: str = Field(min_length=1, max_length=4000)
+    requester: str = Field(pattern=EMAIL_PATTERN)
+    tenant: str = Field(default="default", pattern=NAME_PATTERN)
+    model: str | None = Field(default=None, max_length=120)
+    script: list[ScriptStep] | None = Field(default=None, max_length=50)
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+
+    # Set only by the input serde when the request body did not validate; see agent_run.TaskSerde.
+    _refusal: str | None = PrivateAttr(default=None)
+
+    @classmethod
+    def refused(cls, message: str) -> AgentTask:
+        task = cls.model_construct(goal="", requester="")
+        task._refusal = message
+        return task
+
+    @property
+    def refusal(self) -> str | None:
+        return self._refusal
+
+
+class ActionRecord(BaseModel):
+    """One proposed tool call and what became of it."""
+
+    index: int
+    tool: str
+    proposed_args: dict[str, Any]
+    args: dict[str, Any] | None = None
+    outcome: Outcome
+    approval_id: str | None = None
+    approved_by: list[str] = Field(default_factory=list)
+    reason: str | None = None
+    result: dict[str, Any] | None = None
+    idempotency_key: str | None = None
+
+
+class RunResult(BaseModel):
+    """Output of `AgentRun.run`."""
+
+    run_id: str
+    status: Literal["completed", "failed", "cancelled"]
+    answer: str
+    model: str
+    actions: list[ActionRecord]
+
+
+Phase = Literal["planning", "acting", "awaiting_approval", "completed", "failed", "cancelled"]
+ApprovalState = Literal["pending", "approved", "rejected", "expired", "cancelled", "undeliverable"]
+
+
+class ApprovalRecord(BaseModel):
+    """A frozen action waiting for (or past) a human decision. `digest` binds the exact arguments."""
+
+    approval_id: str
+    run_id: str
+    tenant: str
+    index: int
+    tool: str
+    args: dict[str, Any]
+    digest: str
+    summary: str
+    why: str
+    policy: str
+    requester: str
+    approvers: list[str]
+    round: int = 1
+    nonce: str
+    requested_at: float
+    deadline: float
+    state: ApprovalState = "pending"
+    decided_by: str | None = None
+    decided_at: float | None = None
+    reason: str | None = None
+
+
+class PendingApproval(BaseModel):
+    approval_id: str
+    tool: str
+    args: dict[str, Any]
+    digest: str
+    approvers: list[str]
+    deadline: float
+    age_seconds: float
+
+
+class RunStatus(BaseModel):
+    """Output of `AgentRun.status`."""
+
+    run_id: str
+    phase: Phase | Literal["unknown"]
+    goal: str | None = None
+    requester: str | None = None
+    model: str | None = None
+    pending: list[PendingApproval] = Field(default_factory=list)
+    approvals: list[ApprovalRecord] = Field(default_factory=list)
+    history: list[ActionRecord] = Field(default_factory=list)
+    answer: str | None = None
+
+
+class Decision(Strict):
+    """Input of `AgentRun.decide`: a person's verdict, carried by the link token they were sent."""
+
+    token: str = Field(min_length=10, max_length=400)
+    verdict: Literal["approve", "reject"]
+    reason: str = Field(default="", max_length=2000)
+    client: str = Field(default="", max_length=300)
+
+
+class DecisionReceipt(BaseModel):
+    """Output of `AgentRun.decide`. `accepted` is false when another completion won first."""
+
+    accepted: bool
+    approval_id: str
+    state: ApprovalState
+    decided_by: str | None = None
+    decided_at: float | None = None
+    reason: str | None = None
+
+
+class CancelRequest(Strict):
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+class CancelReceipt(BaseModel):
+    run_id: str
+    accepted: bool
+    cancelled_approvals: list[str]

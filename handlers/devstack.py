@@ -1,0 +1,164 @@
+"""`python -m handlers dev`: the whole local stack in one command.
+
+Guarantee: starts restate-server (the pinned npm binary, `restate.toml`, data in `.restate/`),
+serves the handlers on 127.0.0.1:9080, registers them, and on Ctrl-C or SIGTERM stops everything it
+started, by PID. Every wait is bounded; a busy port or a missing binary is a one-line error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import secrets
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+from handlers import startup
+from handlers.server import serve
+from handlers.settings import get_settings
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_DIR = REPO / ".restate"
+INGRESS, ADMIN, HANDLERS = "127.0.0.1:8080", "127.0.0.1:9070", "127.0.0.1:9080"
+DEMO_GOAL = "Refund order 1042 for $612.40"
+
+
+def restate_binary(name: str = "restate-server") -> Path:
+    arch = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine().lower(), "")
+    system = platform.system().lower()
+    package = "restate-server" if name == "restate-server" else "restate"
+    path = REPO / "node_modules" / "@restatedev" / f"{package}-{system}-{arch}" / "bin" / name
+    if not path.exists():
+        raise SystemExit(f"{name} not found at {path}: run `npm ci` in {REPO}")
+    return path
+
+
+def _port_free(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with socket.socket() as sock:
+        return sock.connect_ex((host, int(port))) != 0
+
+
+def _dev_signing_keys() -> str:
+    path = DATA_DIR / "dev-signing-keys"
+    if not path.exists():
+        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"dev1:{secrets.token_urlsafe(32)}\n", encoding="utf-8")
+        path.chmod(0o600)
+    return path.read_text(encoding="utf-8").strip()
+
+
+def _wait_ok(url: str, proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"restate-server exited with {proc.returncode}; see {DATA_DIR / 'restate-server.log'}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"timed out after {timeout}s waiting for {url}")
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 15) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def run_dev(demo: bool) -> int:
+    busy = [a for a in (INGRESS, ADMIN, HANDLERS, "127.0.0.1:5122") if not _port_free(a)]
+    if busy:
+        raise SystemExit(f"ports already in use: {', '.join(busy)} (is another dev stack running?)")
+    os.environ.setdefault("COUNTERSIGN_ENV", "dev")
+    os.environ.setdefault("APPROVALS_SIGNING_KEYS", _dev_signing_keys())
+    os.environ.setdefault("APPROVALS_PUBLIC_URL", f"http://{HANDLERS}")
+    os.environ.setdefault("RESTATE_INGRESS_URL", f"http://{INGRESS}")
+    startup.configure_logging()
+    settings = get_settings()
+    startup.check(settings)
+
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    with open(DATA_DIR / "restate-server.log", "ab") as log:
+        server = subprocess.Popen(
+            [
+                str(restate_binary()),
+                "--config-file",
+                str(REPO / "restate.toml"),
+                "--base-dir",
+                str(DATA_DIR),
+                "--no-logo",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_ok(f"http://{ADMIN}/health", server, 30)
+        _wait_ok(f"http://{INGRESS}/restate/health", server, 30)
+        asyncio.run(_serve_and_register(demo))
+    finally:
+        _stop(server)
+        print("dev stack stopped")
+    return 0
+
+
+async def _serve_and_register(demo: bool) -> None:
+    from handlers.app import create_app
+
+    stop = asyncio.Event()
+    serving = asyncio.create_task(serve(create_app(get_settings()), HANDLERS, stop))
+    async with httpx.AsyncClient(timeout=10) as client:
+        deadline = time.monotonic() + 20
+        while True:
+            if serving.done():
+                await serving
+                return
+            try:
+                if (await client.get(f"http://{HANDLERS}/healthz")).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                stop.set()
+                raise SystemExit("handlers did not come up within 20 s")
+            await asyncio.sleep(0.1)
+        reply = await client.post(
+            f"http://{ADMIN}/deployments", json={"uri": f"http://{HANDLERS}/restate", "force": True}
+        )
+        if reply.status_code >= 300:
+            stop.set()
+            raise SystemExit(f"registering the handlers failed: {reply.status_code} {reply.text}")
+        print(_banner())
+        if demo:
+            run_id = f"demo-{secrets.token_hex(3)}"
+            task = {"goal": DEMO_GOAL, "requester": "alice@example.com"}
+            sent = await client.post(f"http://{INGRESS}/AgentRun/{run_id}/run/send", json=task)
+            print(f"started demo run {run_id}: {sent.status_code}; its approval link is logged below")
+    await serving
+
+
+def _banner() -> str:
+    task = json.dumps({"goal": DEMO_GOAL, "requester": "alice@example.com"})
+    settings = get_settings()
+    return f"""
+Countersign dev stack is up (Ctrl-C stops everything).
+  ingress   http://{INGRESS}     admin http://{ADMIN}     handlers http://{HANDLERS}/restate
+  outbox    {settings.approvals_outbox_dir}/     demo database {settings.demo_db}
+Start a run:
+  curl -s -X POST http://{INGRESS}/AgentRun/refund-1/run/send -H 'content-type: application/json' -d '{task}'
+Approval links are logged below as emails are written; the result: curl http://{INGRESS}/restate/workflow/AgentRun/refund-1/output
+"""

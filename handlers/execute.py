@@ -1,0 +1,56 @@
+"""Executing a tool call as one journaled step.
+
+Guarantee: the effect runs inside `ctx.run_typed` with the idempotency key `<run_id>/<index>`, so
+a step re-run after a crash hits the tool's own dedupe; business refusals come back as a result the
+model can read, and a tool that keeps failing ends as `failed` after bounded retries, never a loop.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel
+from restate import RunOptions, TerminalError, WorkflowContext
+
+from handlers.faults import crash_point
+from handlers.settings import get_settings
+from handlers.tools import default_registry
+from handlers.tools.registry import EffectContext, ToolError
+from handlers.verdict import is_cancellation
+
+TOOL_RETRIES = RunOptions[Any](
+    max_attempts=5, initial_retry_interval=timedelta(milliseconds=200), max_duration=timedelta(minutes=5)
+)
+
+
+class ToolRun(BaseModel):
+    ok: bool
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+
+def idempotency_key(run_id: str, index: int) -> str:
+    return f"{run_id}/{index}"
+
+
+def _effect(tool_name: str, args: dict[str, Any], key: str) -> ToolRun:
+    tool = default_registry().get(tool_name)
+    if tool is None:
+        return ToolRun(ok=False, error=f"unknown tool {tool_name}")
+    try:
+        result = tool.effect(tool.validate(args), EffectContext(get_settings().demo_db, key))
+    except ToolError as exc:
+        return ToolRun(ok=False, error=str(exc))
+    crash_point(f"crash-after-effect:{tool_name}")
+    return ToolRun(ok=True, result=result)
+
+
+async def run_tool(ctx: WorkflowContext, tool_name: str, args: dict[str, Any], index: int) -> ToolRun:
+    key = idempotency_key(ctx.key(), index)
+    try:
+        return await ctx.run_typed(f"tool {tool_name} #{index}", _effect, TOOL_RETRIES, tool_name, args, key)
+    except TerminalError as exc:
+        if is_cancellation(exc):
+            raise
+        return ToolRun(ok=False, error=f"the tool kept failing and was given up: {exc}")

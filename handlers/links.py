@@ -1,0 +1,159 @@
+"""Signed approval-link tokens.
+
+Guarantee: a token names only where to look (run, action index, approver slot, round, expiry) and
+carries no personal data; its HMAC-SHA256 tag covers those fields *and* the server-side record
+(tenant, approval id, approver, round nonce, action digest), so a token is valid only for the exact
+frozen action, person and round it was minted for. Tags are compared in constant time.
+
+Why not itsdangerous: it signs only what the token carries. Binding the digest, tenant and approver
+without putting them (or personal data) in the URL needs the record's values in the MAC input.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from handlers.contract import ApprovalRecord
+
+VERSION = "v1"
+_DOMAIN = b"countersign.approval-link.v1\x00"
+_CSRF_DOMAIN = b"countersign.csrf.v1\x00"
+_MAX_TOKEN = 400
+_KID = re.compile(r"^[A-Za-z0-9]{1,16}$")
+_B64 = re.compile(r"^[A-Za-z0-9_-]+$")
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+class LinkInvalid(Exception):
+    """Why a token was refused. `reason` is safe to show; it never echoes the token."""
+
+    def __init__(self, reason: str, *, status: int = 403) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+
+
+@dataclass(frozen=True)
+class LinkClaims:
+    kid: str
+    run_id: str
+    index: int
+    slot: int
+    round: int
+    exp: int
+
+
+def approval_id(run_id: str, index: int) -> str:
+    return f"{run_id}-a{index}"
+
+
+def mint(record: ApprovalRecord, slot: int, keys: dict[str, bytes], kid: str) -> str:
+    claims = LinkClaims(kid, record.run_id, record.index, slot, record.round, expiry(record))
+    body = f"{claims.run_id}~{claims.index}~{claims.slot}~{claims.round}~{claims.exp}".encode()
+    return f"{VERSION}.{kid}.{_b64(body)}.{_b64(_tag(claims, record, keys[kid]))}"
+
+
+def expiry(record: ApprovalRecord) -> int:
+    return math.ceil(record.deadline)
+
+
+def parse(token: str) -> LinkClaims:
+    """Strict structural parse, before any lookup. Raises LinkInvalid (400) on anything odd."""
+    malformed = LinkInvalid("This link is malformed.", status=400)
+    if len(token) > _MAX_TOKEN:
+        raise malformed
+    parts = token.split(".")
+    if len(parts) != 4 or parts[0] != VERSION or not _KID.match(parts[1]):
+        raise malformed
+    if not _B64.match(parts[2]) or not _B64.match(parts[3]):
+        raise malformed
+    try:
+        fields = _unb64(parts[2]).decode("ascii").split("~")
+        if len(fields) != 5 or len(_unb64(parts[3])) != 32:
+            raise malformed
+        run_id = fields[0]
+        numbers = [int(f) for f in fields[1:] if f.isdigit() and len(f) <= 12]
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        raise malformed from exc
+    if not RUN_ID.match(run_id) or len(numbers) != 4:
+        raise malformed
+    index, slot, round_, exp = numbers
+    return LinkClaims(parts[1], run_id, index, slot, round_, exp)
+
+
+LinkState = Literal["valid", "expired", "replaced"]
+
+
+def check(token: str, record: ApprovalRecord, keys: dict[str, bytes], now: float) -> tuple[LinkClaims, LinkState]:
+    """Authenticate the token against the record it points to.
+
+    Raises LinkInvalid unless the tag verifies. An authentic token may still be "expired" or
+    "replaced" (a newer round exists); callers decide what to show, e.g. "already decided".
+    """
+    claims = parse(token)
+    key = keys.get(claims.kid)
+    if key is None or claims.slot >= len(record.approvers) or claims.index != record.index:
+        raise LinkInvalid("This link is not valid.")
+    if claims.round != record.round:
+        return claims, "replaced"
+    if not hmac.compare_digest(_unb64(token.split(".")[3]), _tag(claims, record, key)):
+        raise LinkInvalid("This link is not valid.")
+    if claims.exp != expiry(record):
+        raise LinkInvalid("This link is not valid.")
+    return claims, "expired" if now >= expiry(record) else "valid"
+
+
+def csrf_token(token: str, keys: dict[str, bytes], kid: str) -> str:
+    return _b64(hmac.new(keys[kid], _CSRF_DOMAIN + token.encode(), hashlib.sha256).digest())
+
+
+def csrf_ok(token: str, supplied: str, keys: dict[str, bytes]) -> bool:
+    return any(hmac.compare_digest(csrf_token(token, keys, kid), supplied) for kid in keys)
+
+
+def token_fingerprint(token: str) -> str:
+    """A non-reversible handle for a token, for idempotency keys and logs."""
+    return hashlib.sha256(token.encode()).hexdigest()[:32]
+
+
+def _tag(claims: LinkClaims, record: ApprovalRecord, key: bytes) -> bytes:
+    approver = record.approvers[claims.slot] if claims.slot < len(record.approvers) else ""
+    message = json.dumps(
+        {
+            "v": VERSION,
+            "kid": claims.kid,
+            "tenant": record.tenant,
+            "run": claims.run_id,
+            "approval": record.approval_id,
+            "index": claims.index,
+            "approver": approver,
+            "slot": claims.slot,
+            "round": claims.round,
+            "nonce": record.nonce,
+            "digest": record.digest,
+            "exp": claims.exp,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
+    return hmac.new(key, _DOMAIN + message, hashlib.sha256).digest()
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    """Decode unpadded base64url, refusing non-canonical spellings (one token, one string)."""
+    raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    if _b64(raw) != text:
+        raise binascii.Error("non-canonical base64")
+    return raw

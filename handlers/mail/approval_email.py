@@ -1,0 +1,46 @@
+"""The approval-request email for one approver of one approval round.
+
+Guarantee: runs inside a journaled step; its idempotency key is derived from approval id, round and
+approver slot, and its content from the journaled record, so a retry re-sends the same message
+under the same key.
+"""
+
+from __future__ import annotations
+
+import re
+
+from handlers import links
+from handlers.contract import ApprovalRecord
+from handlers.mail import mailer_for
+from handlers.mail.message import OutgoingEmail, SendReceipt
+from handlers.mail.render import render
+from handlers.settings import get_settings
+
+
+def _tag(value: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", value)[:256]
+
+
+def send_approval_request(record: ApprovalRecord, slot: int, goal: str) -> SendReceipt:
+    settings = get_settings()
+    token = links.mint(record, slot, settings.approvals_signing_keys, settings.signing_kid)
+    url = f"{settings.approvals_public_url}/approvals/{token}"
+    subject, text, html = render(
+        "approval_request",
+        record=record,
+        goal=goal,
+        approver=record.approvers[slot],
+        approve_url=f"{url}?intent=approve",
+        reject_url=f"{url}?intent=reject",
+    )
+    email = OutgoingEmail(
+        to=[record.approvers[slot]],
+        subject=subject,
+        text=text,
+        html=html,
+        idempotency_key=f"approval-request/{record.approval_id}/r{record.round}/s{slot}",
+        sent_at=record.requested_at,
+        tags={"run_id": _tag(record.run_id), "approval_id": _tag(record.approval_id)},
+        log_links=[url],
+    )
+    return mailer_for(settings).send(email)

@@ -1,0 +1,124 @@
+"""Which tool calls need a person, which people, and how long they have.
+
+Guarantee: a policy is plain data (overridable per tool from the TOML file in
+`APPROVALS_POLICY_FILE`), and `evaluate` is a pure function of the policy and the validated
+arguments, so the agent loop can journal its answer once and replay it unchanged.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from handlers.contract import EMAIL_PATTERN
+
+MAX_DEADLINE_SECONDS = 7 * 24 * 3600
+_CONDITION = re.compile(r"^\s*([a-z_][a-z0-9_]*)\s*(>=|<=|==|!=|>|<)\s*(-?\d+(?:\.\d+)?)\s*$")
+_OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+
+
+class ToolPolicy(BaseModel):
+    """How one tool is gated. `when` is a threshold such as `amount_usd > 500`; None means always."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gated: bool = False
+    when: str | None = None
+    approvers: tuple[str, ...] = ()
+    deadline_seconds: int = Field(default=24 * 3600, ge=1, le=MAX_DEADLINE_SECONDS)
+
+    @field_validator("when")
+    @classmethod
+    def _check_condition(cls, when: str | None) -> str | None:
+        if when is not None and not _CONDITION.match(when):
+            raise ValueError(f"condition {when!r} must look like 'field > number'")
+        return when
+
+    @field_validator("approvers")
+    @classmethod
+    def _check_approvers(cls, approvers: tuple[str, ...]) -> tuple[str, ...]:
+        for approver in approvers:
+            if not re.match(EMAIL_PATTERN, approver):
+                raise ValueError(f"approver {approver!r} is not an email address")
+        return approvers
+
+    @model_validator(mode="after")
+    def _gated_needs_approvers(self) -> ToolPolicy:
+        if self.gated and not self.approvers:
+            raise ValueError("a gated tool needs at least one approver")
+        return self
+
+    def describe(self, tool: str) -> str:
+        if not self.gated:
+            return f"{tool}: autonomous"
+        condition = f" when {self.when}" if self.when else " always"
+        return f"{tool}: needs approval{condition}"
+
+
+class PolicyVerdict(BaseModel):
+    """The journaled answer for one call: gated or not, by whom, for how long, and why."""
+
+    gated: bool
+    approvers: list[str]
+    deadline_seconds: int
+    rule: str
+
+
+def evaluate(tool: str, policy: ToolPolicy, args: Mapping[str, Any]) -> PolicyVerdict:
+    gated = policy.gated and (policy.when is None or _condition_holds(policy.when, args))
+    return PolicyVerdict(
+        gated=gated,
+        approvers=list(policy.approvers) if gated else [],
+        deadline_seconds=policy.deadline_seconds,
+        rule=policy.describe(tool),
+    )
+
+
+def _condition_holds(when: str, args: Mapping[str, Any]) -> bool:
+    match = _CONDITION.match(when)
+    assert match is not None
+    field, op, threshold = match.groups()
+    if field not in args:
+        return True  # a condition on a missing field cannot clear the gate: fail closed
+    try:
+        value = Decimal(str(args[field]))
+    except InvalidOperation:
+        return True
+    return _OPERATORS[op](value, Decimal(threshold))
+
+
+def load_overrides(path: Path | None) -> dict[str, dict[str, Any]]:
+    """Per-tool overrides from the policy file: `[tools.<name>]` tables of ToolPolicy fields."""
+    if path is None:
+        return {}
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SystemExit(f"APPROVALS_POLICY_FILE {path}: {exc}") from exc
+    tools = data.get("tools", {})
+    if not isinstance(tools, dict) or set(data) - {"tools"}:
+        raise SystemExit(f"APPROVALS_POLICY_FILE {path}: expected only [tools.<name>] tables")
+    return {str(name): dict(table) for name, table in tools.items()}
+
+
+def merge(default: ToolPolicy, override: Mapping[str, Any] | None, *, source: str) -> ToolPolicy:
+    if not override:
+        return default
+    try:
+        return ToolPolicy.model_validate({**default.model_dump(), **override})
+    except ValidationError as exc:
+        raise SystemExit(f"{source}: {exc}") from exc

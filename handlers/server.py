@@ -1,0 +1,34 @@
+"""Serve an ASGI app with hypercorn from code, so SIGTERM stops it.
+
+Guarantee: SIGTERM and SIGINT both trigger hypercorn's graceful shutdown. (The Restate SDK installs
+its own SIGTERM handler on the first request, displacing hypercorn's; we register through the SDK's
+hook list so ours still runs.) The committed `hypercorn.toml` sets the HTTP/2 limits Restate needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import Any
+
+from hypercorn.asyncio import serve as hypercorn_serve
+from hypercorn.config import Config
+from restate.server import install_shutdown_hook
+
+HYPERCORN_TOML = Path(__file__).resolve().parents[1] / "hypercorn.toml"
+
+
+def hypercorn_config(bind: str) -> Config:
+    config = Config.from_toml(HYPERCORN_TOML) if HYPERCORN_TOML.exists() else Config()
+    config.bind = [bind]
+    return config
+
+
+async def serve(app: Any, bind: str, stop: asyncio.Event | None = None) -> None:
+    """Serve until SIGTERM/SIGINT (or `stop` is set)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    install_shutdown_hook(loop, stop.set, signal.SIGTERM)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    await hypercorn_serve(app, hypercorn_config(bind), shutdown_trigger=stop.wait)

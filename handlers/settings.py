@@ -1,0 +1,90 @@
+"""The one typed settings object, read from the environment once at startup.
+
+Guarantee: a bad value stops the process at startup with a message naming the variable; nothing
+else in the package reads `os.environ`.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+SigningKeys = Annotated[dict[str, bytes], NoDecode]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore")
+
+    countersign_env: Literal["dev", "test", "production"] = "production"
+    restate_ingress_url: str = "http://127.0.0.1:8080"
+    approvals_public_url: str = "http://127.0.0.1:9080"
+    approvals_signing_keys: SigningKeys = Field(default_factory=dict)
+    approvals_outbox_dir: Path = Path(".outbox")
+    approvals_policy_file: Path | None = None
+    resend_api_key: str | None = None
+    resend_from: str = "Countersign <approvals@countersign.local>"
+    resend_webhook_secret: str | None = None
+    restate_identity_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    model: str = "scripted"
+    demo_db: Path = Path(".demo/business.db")
+    agent_max_turns: int = Field(default=20, ge=1, le=200)
+    countersign_fault: str | None = None
+
+    @field_validator("approvals_signing_keys", mode="before")
+    @classmethod
+    def _parse_keys(cls, raw: object) -> dict[str, bytes]:
+        if isinstance(raw, dict):
+            return {str(k): v if isinstance(v, bytes) else str(v).encode() for k, v in raw.items()}
+        keys: dict[str, bytes] = {}
+        for item in str(raw or "").split(","):
+            if not item.strip():
+                continue
+            kid, sep, secret = item.strip().partition(":")
+            if not sep or not kid.isalnum() or len(kid) > 16:
+                raise ValueError("APPROVALS_SIGNING_KEYS must be comma-separated kid:secret pairs")
+            if len(secret) < 32:
+                raise ValueError(f"signing key {kid!r} is shorter than 32 characters")
+            if kid in keys:
+                raise ValueError(f"signing key id {kid!r} appears twice")
+            keys[kid] = secret.encode()
+        return keys
+
+    @field_validator("restate_identity_keys", mode="before")
+    @classmethod
+    def _parse_identity_keys(cls, raw: object) -> list[str]:
+        if isinstance(raw, list):
+            return [str(k) for k in raw]
+        return [k.strip() for k in str(raw or "").split(",") if k.strip()]
+
+    @field_validator("approvals_public_url", "restate_ingress_url")
+    @classmethod
+    def _strip_slash(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s) URL")
+        return url.rstrip("/")
+
+    @property
+    def is_dev(self) -> bool:
+        return self.countersign_env in ("dev", "test")
+
+    @property
+    def signing_kid(self) -> str:
+        """The key that signs new links: the first one listed."""
+        return next(iter(self.approvals_signing_keys))
+
+
+@functools.cache
+def get_settings() -> Settings:
+    return Settings()
+
+
+def require_signing_keys(settings: Settings) -> None:
+    if not settings.approvals_signing_keys:
+        raise SystemExit(
+            "APPROVALS_SIGNING_KEYS is not set: give one or more kid:secret pairs (secret >= 32 chars), "
+            "e.g. APPROVALS_SIGNING_KEYS=k1:$(python -c 'import secrets;print(secrets.token_urlsafe(32))')"
+        )

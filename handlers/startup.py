@@ -1,0 +1,33 @@
+"""Checks run once before serving: the process refuses to start on bad configuration.
+
+Guarantee: missing signing keys, an unreadable policy file, an unknown default model or an
+unwritable outbox stop the process with a one-line reason, before any request is accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from handlers.llm import ModelUnavailable, check_model
+from handlers.settings import Settings, require_signing_keys
+from handlers.tools import default_registry
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("restate", "hypercorn.error", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def check(settings: Settings) -> None:
+    require_signing_keys(settings)
+    default_registry()
+    try:
+        check_model(settings.model)
+    except ModelUnavailable as exc:
+        raise SystemExit(f"MODEL: {exc}") from None
+    if not settings.resend_api_key:
+        try:
+            settings.approvals_outbox_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SystemExit(f"APPROVALS_OUTBOX_DIR {settings.approvals_outbox_dir}: {exc}") from None

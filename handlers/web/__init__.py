@@ -1,0 +1,1 @@
+"""The approver-facing web surface: confirmation pages and (later) provider webhooks."""

@@ -1,0 +1,189 @@
+"""The approval pages: `GET`/`HEAD /approvals/{token}` show, only `POST` decides.
+
+Guarantee: GET and HEAD never change decision state, whoever sends them; a POST decides only with a
+valid link, a CSRF value bound to that link, a same-origin request and an explicit verdict, and is
+forwarded to `AgentRun.decide` (which verifies the link again). Every failure is a 4xx/503 page
+that says what happened; no stack trace, no token, ever reaches a response or a log.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Route
+
+from handlers import links
+from handlers.contract import ApprovalRecord, Decision, DecisionReceipt, RunStatus
+from handlers.links import LinkInvalid
+from handlers.settings import Settings
+from handlers.web.runs_client import RunCallFailed, RunsClient
+
+_TEMPLATES = Environment(
+    loader=FileSystemLoader(Path(__file__).parent / "templates"), autoescape=select_autoescape(default=True)
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    # same-origin, not no-referrer: with no-referrer Chromium sends `Origin: null` on our own form POST.
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+}
+_MAX_FORM_FIELDS = 20
+_MAX_FORM_BYTES = 64 * 1024
+
+
+def page(template: str, status: int = 200, **context: Any) -> HTMLResponse:
+    html = _TEMPLATES.get_template(template).render(**context)
+    return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
+
+
+def notice(status: int, title: str, message: str, **extra: Any) -> HTMLResponse:
+    return page("notice.html", status, title=title, message=message, **extra)
+
+
+def _when(timestamp: float | None) -> str:
+    if timestamp is None:
+        return ""
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _remaining(deadline: float, now: float) -> str:
+    seconds = int(deadline - now)
+    if seconds <= 0:
+        return "now"
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes = rest // 60
+    if days:
+        return f"in {days} d {hours} h"
+    if hours:
+        return f"in {hours} h {minutes} min"
+    return f"in {max(minutes, 1)} min"
+
+
+class ApprovalPages:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.origin = "{0.scheme}://{0.netloc}".format(urlsplit(settings.approvals_public_url))
+
+    def routes(self) -> list[Route]:
+        return [Route("/approvals/{token}", self.dispatch, methods=["GET", "HEAD", "POST"])]
+
+    async def dispatch(self, request: Request) -> Response:
+        token = request.path_params["token"]
+        runs: RunsClient = request.app.state.runs
+        try:
+            claims = links.parse(token)
+            loaded = await self._load(runs, claims.run_id, claims.index)
+            if loaded is None:
+                raise LinkInvalid("This link is not valid.")
+            status, record = loaded
+            claims, link_state = links.check(token, record, self.settings.approvals_signing_keys, time.time())
+        except LinkInvalid as exc:
+            return notice(exc.status, "Link not valid", exc.reason)
+        except RunCallFailed as exc:
+            return notice(exc.status, "Try again", exc.message)
+
+        if request.method == "POST":
+            return await self._post(request, runs, token, record)
+        if record.state != "pending":
+            return self._decided(200, record)
+        if link_state == "replaced":
+            return notice(410, "Link replaced", "This link was replaced by a newer one; use the most recent email.")
+        if link_state == "expired":
+            return notice(410, "Link expired", "This link has expired; the action was not approved.")
+        now = time.time()
+        return page(
+            "confirm.html",
+            record=record,
+            approver=record.approvers[claims.slot],
+            goal=status.goal or "",
+            intent=request.query_params.get("intent", ""),
+            csrf=links.csrf_token(token, self.settings.approvals_signing_keys, self.settings.signing_kid),
+            deadline=_when(record.deadline),
+            remaining=_remaining(record.deadline, now),
+            requested=_when(record.requested_at),
+        )
+
+    @staticmethod
+    async def _load(runs: RunsClient, run_id: str, index: int) -> tuple[RunStatus, ApprovalRecord] | None:
+        status = await runs.status(run_id)
+        wanted = links.approval_id(run_id, index)
+        for record in status.approvals:
+            if record.approval_id == wanted:
+                return status, record
+        return None
+
+    async def _post(self, request: Request, runs: RunsClient, token: str, record: ApprovalRecord) -> Response:
+        if not self._same_origin(request):
+            return notice(403, "Request refused", "This form must be sent from the approval page itself.")
+        form = await self._form(request)
+        if form is None:
+            return notice(400, "Request refused", "The form could not be read. Open the link again and retry.")
+        supplied = str(form.get("csrf", ""))
+        if not links.csrf_ok(token, supplied, self.settings.approvals_signing_keys):
+            return notice(403, "Request refused", "This form has expired. Open the link again and retry.")
+        verdict: Literal["approve", "reject"]
+        match form.get("verdict"):
+            case "approve":
+                verdict = "approve"
+            case "reject":
+                verdict = "reject"
+            case _:
+                return notice(400, "Choose a verdict", "Press Approve or Reject.")
+        reason = str(form.get("reason", "")).strip()
+        if verdict == "reject" and not reason:
+            return notice(
+                400, "Reason required", "Say why you reject, so the agent can act on it. Nothing was decided."
+            )
+        if len(reason) > 2000:
+            return notice(400, "Reason too long", "Keep the reason under 2000 characters. Nothing was decided.")
+        decision = Decision(
+            token=token, verdict=verdict, reason=reason, client=request.headers.get("user-agent", "")[:300]
+        )
+        key = links.token_fingerprint(f"{token}|{verdict}|{reason}")
+        try:
+            receipt = await runs.decide(record.run_id, decision, key)
+        except RunCallFailed as exc:
+            return notice(exc.status, "Not decided", exc.message)
+        if not receipt.accepted:
+            return self._decided(409, record, receipt)
+        return page("decided.html", 200, record=record, receipt=receipt, when=_when(receipt.decided_at))
+
+    def _decided(self, status: int, record: ApprovalRecord, receipt: DecisionReceipt | None = None) -> Response:
+        state = receipt.state if receipt else record.state
+        by = receipt.decided_by if receipt else record.decided_by
+        at = receipt.decided_at if receipt else record.decided_at
+        reason = receipt.reason if receipt else record.reason
+        return page("already.html", status, record=record, state=state, by=by, when=_when(at), reason=reason)
+
+    def _same_origin(self, request: Request) -> bool:
+        origin = request.headers.get("origin")
+        fetch_site = request.headers.get("sec-fetch-site")
+        if origin == self.origin:
+            return fetch_site in (None, "same-origin")
+        return origin == "null" and fetch_site == "same-origin"
+
+    @staticmethod
+    async def _form(request: Request) -> FormData | None:
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/x-www-form-urlencoded":
+            return None
+        length = request.headers.get("content-length", "0")
+        if not length.isdigit() or int(length) > _MAX_FORM_BYTES:
+            return None
+        try:
+            return await request.form(max_files=0, max_fields=_MAX_FORM_FIELDS)
+        except Exception:  # malformed bodies of every kind are the client's problem, not ours
+            return None

@@ -1,0 +1,70 @@
+"""Calls from the web tier to `AgentRun` through the Restate ingress (the SDK client).
+
+Guarantee: every failure comes back as `RunCallFailed` with an HTTP status and a message safe to
+show (the workflow's own refusal, or "try again" when Restate is unreachable), never a raw error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+import restate
+
+from handlers.contract import Decision, DecisionReceipt, RunStatus
+
+SERVICE = "AgentRun"
+_JSON = {"content-type": "application/json"}
+
+
+class RunCallFailed(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class RunsClient:
+    def __init__(self, client: restate.RestateClient) -> None:
+        self._client = client
+
+    async def status(self, run_id: str) -> RunStatus:
+        raw = await self._call("status", run_id, None, None)
+        return RunStatus.model_validate_json(raw)
+
+    async def decide(self, run_id: str, decision: Decision, idempotency_key: str) -> DecisionReceipt:
+        raw = await self._call("decide", run_id, decision.model_dump_json().encode(), idempotency_key)
+        return DecisionReceipt.model_validate_json(raw)
+
+    async def _call(self, handler: str, run_id: str, body: bytes | None, idempotency_key: str | None) -> bytes:
+        try:
+            return await self._client.generic_call(
+                SERVICE,
+                handler,
+                body or b"",
+                key=run_id,
+                idempotency_key=idempotency_key,
+                headers=_JSON if body is not None else None,
+            )
+        except restate.HttpError as exc:
+            if 400 <= exc.status_code < 500:
+                raise RunCallFailed(exc.status_code, _message(exc.body or "")) from None
+            raise RunCallFailed(503, "The approval service is busy. Please try again in a minute.") from None
+        except httpx.HTTPError:
+            raise RunCallFailed(503, "The approval service is unreachable. Please try again in a minute.") from None
+
+
+def _message(body: str) -> str:
+    try:
+        message = json.loads(body).get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message) if message else "This request was refused."
+
+
+@asynccontextmanager
+async def runs_client(ingress_url: str) -> AsyncIterator[RunsClient]:
+    async with restate.create_client(ingress_url) as client:
+        yield RunsClient(client)

@@ -1,0 +1,106 @@
+"""Pytest fixtures: one restate-server and one handlers app per session, plus private stacks.
+
+Guarantee: every process a fixture starts is stopped by that fixture's teardown, in reverse
+order of starting, whether or not the test passed (see support.processes for how).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from uuid import uuid4
+
+import pytest
+from support.processes import (
+    AppServer,
+    Ingress,
+    IsolatedStack,
+    RestateServer,
+    StackFactory,
+    make_app_env,
+    start_registered_app,
+)
+
+
+@pytest.fixture(scope="session")
+def restate_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestateServer]:
+    server = RestateServer.start(tmp_path_factory.mktemp("restate"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def app_env(restate_server: RestateServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return make_app_env(
+        ingress_url=restate_server.ingress_url,
+        outbox_dir=tmp_path_factory.mktemp("outbox"),
+        db_path=tmp_path_factory.mktemp("demo") / "business.db",
+    )
+
+
+@pytest.fixture(scope="session")
+def outbox_dir(app_env: dict[str, str]) -> Path:
+    return Path(app_env["APPROVALS_OUTBOX_DIR"])
+
+
+@pytest.fixture(scope="session")
+def demo_db(app_env: dict[str, str]) -> Path:
+    return Path(app_env["DEMO_DB"])
+
+
+@pytest.fixture(scope="session")
+def app_server(
+    restate_server: RestateServer, app_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[AppServer]:
+    app = start_registered_app(restate_server, env=app_env, log_path=tmp_path_factory.mktemp("app") / "app.log")
+    try:
+        yield app
+    finally:
+        app.stop()
+
+
+@pytest.fixture(scope="session")
+def ingress(restate_server: RestateServer) -> Iterator[Ingress]:
+    client = Ingress(restate_server.ingress_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture()
+def run_id() -> str:
+    return f"t-{uuid4().hex[:12]}"
+
+
+@pytest.fixture()
+def isolated_stack(tmp_path: Path) -> Iterator[StackFactory]:
+    """A factory for private restate-server + app stacks; all of them are stopped at teardown."""
+    with ExitStack() as cleanup:
+        count = 0
+
+        def start(*, restate_env: dict[str, str] | None = None, app_env: dict[str, str] | None = None) -> IsolatedStack:
+            nonlocal count
+            count += 1
+            root = tmp_path / f"stack{count}"
+            restate = RestateServer.start(root / "restate", extra_env=restate_env)
+            cleanup.callback(restate.stop)
+            outbox = root / "outbox"
+            outbox.mkdir(parents=True)
+            db_path = root / "business.db"
+            env = {
+                **make_app_env(ingress_url=restate.ingress_url, outbox_dir=outbox, db_path=db_path),
+                **(app_env or {}),
+            }
+            app = start_registered_app(restate, env=env, log_path=root / "app.log")
+            cleanup.callback(app.stop)
+            client = Ingress(restate.ingress_url)
+            cleanup.callback(client.close)
+            return IsolatedStack(
+                restate=restate, app=app, ingress=client, env=app.env, outbox_dir=outbox, db_path=db_path
+            )
+
+        yield start

@@ -1,0 +1,1 @@
+"""Test support code: real restate-server and handlers processes for the pytest fixtures."""

@@ -1,0 +1,87 @@
+"""Acting as an approver in tests: find the email in the outbox, open its link, press a button.
+
+Guarantee: every step goes through the real artefacts (the `.eml` file, the HTTP page, its form),
+and every wait is a bounded poll.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import re
+from dataclasses import dataclass
+from email.message import EmailMessage
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+from support.processes import wait_until
+
+LINK = re.compile(r"https?://\S+/approvals/[A-Za-z0-9._~-]+")
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+@dataclass
+class ApprovalEmail:
+    path: Path
+    message: EmailMessage
+
+    @property
+    def text(self) -> str:
+        part = self.message.get_body(("plain",))
+        assert part is not None
+        return str(part.get_content())
+
+    @property
+    def html(self) -> str:
+        part = self.message.get_body(("html",))
+        assert part is not None
+        return str(part.get_content())
+
+    @property
+    def link(self) -> str:
+        """The page link (without the ?intent hint)."""
+        found = LINK.findall(self.text)
+        assert found, "no approval link in the email text"
+        return str(found[0])
+
+
+def approval_emails(outbox: Path, run_id: str) -> list[ApprovalEmail]:
+    found = []
+    for path in sorted(outbox.glob(f"approval-request_{run_id}-a*.eml")):
+        message = email.message_from_bytes(path.read_bytes(), policy=email.policy.default)
+        assert isinstance(message, EmailMessage)
+        found.append(ApprovalEmail(path, message))
+    return found
+
+
+def wait_for_email(outbox: Path, run_id: str, count: int = 1, timeout: float = 20) -> list[ApprovalEmail]:
+    def ready() -> list[ApprovalEmail] | None:
+        mails = approval_emails(outbox, run_id)
+        return mails if len(mails) >= count else None
+
+    return wait_until(ready, timeout, f"{count} approval email(s) for {run_id}")
+
+
+def open_page(link: str) -> httpx.Response:
+    return httpx.get(link, timeout=30)
+
+
+def form_csrf(link: str) -> str:
+    """The CSRF value of the page's form (the page must still be asking for a decision)."""
+    page = open_page(link)
+    match = CSRF.search(page.text)
+    assert match, f"no form on the page (status {page.status_code})"
+    return match.group(1)
+
+
+def submit(
+    link: str, verdict: str, reason: str = "", *, csrf: str | None = None, origin: str | None = None
+) -> httpx.Response:
+    """POST the page's form as a browser would (same Origin, the page's CSRF value unless given)."""
+    csrf = form_csrf(link) if csrf is None else csrf
+    parts = urlsplit(link)
+    headers = {"Origin": origin if origin is not None else f"{parts.scheme}://{parts.netloc}"}
+    data = {"csrf": csrf, "verdict": verdict, "reason": reason}
+    return httpx.post(link, data=data, headers=headers, timeout=30)

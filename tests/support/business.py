@@ -1,0 +1,32 @@
+"""Test data in the demo business database (the same SQLite file the app's tools write)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from handlers.tools.business_db import connect, transaction
+
+_ids = itertools.count(100_000 + (os.getpid() % 1000) * 1000)
+
+
+def new_order(db: Path, amount_cents: int, customer_id: str = "c_17") -> int:
+    """A fresh paid order, so each test refunds against its own balance."""
+    order_id = next(_ids)
+    with connect(db) as conn, transaction(conn):
+        conn.execute(
+            "INSERT INTO orders(id, customer_id, amount_cents, status) VALUES (?, ?, ?, 'paid')",
+            (order_id, customer_id, amount_cents),
+        )
+    return order_id
+
+
+def refunds_for(db: Path, run_id: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(
+            "SELECT idempotency_key, order_id, amount_cents FROM refunds WHERE idempotency_key LIKE ? ORDER BY id",
+            (f"{run_id}/%",),
+        ).fetchall()

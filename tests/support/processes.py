@@ -1,0 +1,596 @@
+"""Real restate-server and handlers processes for the tests, on 127.0.0.1 and free ports.
+
+Guarantee: every process started here runs in a new session, so its process group id is its own
+PID. It is signalled only through that PID or that group, and it is reaped when it is stopped.
+Nothing else on the machine is ever signalled. A start that does not become healthy before its
+deadline is stopped before the error (with the tail of the log) is raised, so a failed start
+leaves nothing running. Every wait is a bounded poll (`wait_until`); nothing sleeps blindly.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, cast
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+NODE_MODULES = REPO / "node_modules"
+RESTATE_CONFIG = REPO / "restate.toml"
+
+RESTATE_START_TIMEOUT = 30.0
+RESTATE_STOP_GRACE = 10.0
+APP_START_TIMEOUT = 20.0
+APP_STOP_GRACE = 5.0
+PORT_RELEASE_TIMEOUT = 15.0
+LOG_TAIL_LINES = 40
+
+T = TypeVar("T")
+
+_ARCH = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}
+_OS = {"Linux": "linux", "Darwin": "darwin"}
+
+
+class ProcessExitedError(RuntimeError):
+    """A process exited while we were waiting for it to become ready."""
+
+
+class ProcessStartError(RuntimeError):
+    """A process did not become healthy; it has been stopped and the message has its log tail."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Binaries, ports, polling
+
+
+def _npm_platform() -> str:
+    machine, system = platform.machine().lower(), platform.system()
+    if machine not in _ARCH or system not in _OS:
+        raise RuntimeError(f"no @restatedev npm binaries for {system}/{machine}")
+    return f"{_OS[system]}-{_ARCH[machine]}"
+
+
+def _find_binary(env_var: str, package: str, executable: str) -> Path:
+    override = os.environ.get(env_var)
+    if override:
+        path = Path(override)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise FileNotFoundError(f"{env_var}={override!r} is not an executable file")
+        return path
+    path = NODE_MODULES / "@restatedev" / f"{package}-{_npm_platform()}" / "bin" / executable
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{executable} binary not found at {path}. Run `npm ci` in {REPO} (or point {env_var} at the binary)."
+        )
+    return path
+
+
+def find_restate_server() -> Path:
+    """The native restate-server binary: $RESTATE_SERVER_BIN, else the one npm installed."""
+    return _find_binary("RESTATE_SERVER_BIN", "restate-server", "restate-server")
+
+
+def find_restate_cli() -> Path:
+    """The native restate CLI binary: $RESTATE_CLI_BIN, else the one npm installed."""
+    return _find_binary("RESTATE_CLI_BIN", "restate", "restate")
+
+
+def _free_ports(count: int) -> list[int]:
+    # Hold every socket open until all are chosen, so the ports are distinct.
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    return _free_ports(1)[0]
+
+
+def port_is_free(port: int) -> bool:
+    """True if a server (which sets SO_REUSEADDR, as restate-server and hypercorn do) could bind it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def wait_until(predicate: Callable[[], T | bool | None], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll `predicate` until it returns something other than None or False, and return that.
+
+    Raises TimeoutError after `timeout` seconds. Exceptions from `predicate` propagate at once.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result is not None and result is not False:
+            return cast(T, result)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(min(interval, remaining))
+
+
+# --------------------------------------------------------------------------------------------------
+# Process handling. Popen.poll()/send_signal() reap an exited child, after which its PID may be
+# reused; these helpers look with WNOWAIT instead, so the PID (and its process group id) stays
+# reserved until _kill_group_and_reap has signalled the group.
+
+
+def _exited(proc: subprocess.Popen[bytes]) -> bool:
+    if proc.returncode is not None:
+        return True
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def _kill_group_and_reap(proc: subprocess.Popen[bytes]) -> None:
+    if proc.returncode is None:
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def _stop_process(proc: subprocess.Popen[bytes], grace: float, name: str) -> bool:
+    """SIGTERM the process; SIGKILL its group after `grace` s. True if SIGTERM was enough."""
+    if proc.returncode is not None:
+        return True
+    graceful = True
+    if not _exited(proc):
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            wait_until(lambda: _exited(proc), grace, f"{name} (pid {proc.pid}) to exit on SIGTERM")
+        except TimeoutError:
+            graceful = False
+    # Also takes down anything the process left behind in its group.
+    _kill_group_and_reap(proc)
+    return graceful
+
+
+def _spawn(command: list[str], *, env: dict[str, str], cwd: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        log.write(f"\n--- {time.strftime('%H:%M:%S')} starting: {shlex.join(command)}\n".encode())
+        log.flush()
+        return subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a log file ('' if it does not exist)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _http_get_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2.0, trust_env=False).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _wait_ready(
+    proc: subprocess.Popen[bytes],
+    *,
+    name: str,
+    checks: list[Callable[[], bool]],
+    what: str,
+    timeout: float,
+    log_path: Path,
+    stop_grace: float,
+) -> None:
+    def ready() -> bool:
+        if _exited(proc):
+            raise ProcessExitedError(f"{name} (pid {proc.pid}) exited during startup")
+        return all(check() for check in checks)
+
+    try:
+        wait_until(ready, timeout, what)
+    except BaseException as exc:
+        _stop_process(proc, stop_grace, name)
+        if isinstance(exc, TimeoutError | ProcessExitedError):
+            raise ProcessStartError(
+                f"{name} did not become healthy: {exc} (exit code {proc.returncode})\n"
+                f"--- last {LOG_TAIL_LINES} lines of {log_path} ---\n{log_tail(log_path)}"
+            ) from exc
+        raise
+
+
+def _url_of(bind_address: str) -> str:
+    return f"http://{bind_address}"
+
+
+def _port_of(bind_address: str) -> int:
+    return int(bind_address.rsplit(":", 1)[1])
+
+
+def _sql_literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+# --------------------------------------------------------------------------------------------------
+# restate-server
+
+
+@dataclass
+class RestateServer:
+    """One native restate-server process with its own base dir and ports."""
+
+    proc: subprocess.Popen[bytes]
+    base_dir: Path
+    ingress_url: str
+    admin_url: str
+    env: dict[str, str]
+    """The RESTATE_* variables this server runs with (on top of os.environ)."""
+    log_path: Path
+    binary: Path
+
+    @classmethod
+    def start(cls, base_dir: Path, *, extra_env: dict[str, str] | None = None) -> RestateServer:
+        binary = find_restate_server()
+        base_dir = base_dir.resolve()
+        base_dir.mkdir(parents=True, exist_ok=True)
+        ingress_port, admin_port, fabric_port = _free_ports(3)
+        env = {
+            "RESTATE_INGRESS__BIND_ADDRESS": f"127.0.0.1:{ingress_port}",
+            "RESTATE_ADMIN__BIND_ADDRESS": f"127.0.0.1:{admin_port}",
+            "RESTATE_BIND_ADDRESS": f"127.0.0.1:{fabric_port}",
+            "RESTATE_LISTEN_MODE": "tcp",
+            "RESTATE_DEFAULT_NUM_PARTITIONS": "1",
+            "RESTATE_ROCKSDB_TOTAL_MEMORY_SIZE": "64 MiB",
+            "RESTATE_DISABLE_TELEMETRY": "true",
+            "RESTATE_LOG_DISABLE_ANSI_CODES": "true",
+            "RESTATE_SHUTDOWN_TIMEOUT": "5s",
+            "RESTATE_WORKER__INVOKER__INACTIVITY_TIMEOUT": "2s",
+            **(extra_env or {}),
+        }
+        log_path = base_dir / "restate-server.log"
+        server = cls(
+            proc=_spawn(cls._command(binary, base_dir), env=cls._process_env(env), cwd=base_dir, log_path=log_path),
+            base_dir=base_dir,
+            ingress_url=_url_of(env["RESTATE_INGRESS__BIND_ADDRESS"]),
+            admin_url=_url_of(env["RESTATE_ADMIN__BIND_ADDRESS"]),
+            env=env,
+            log_path=log_path,
+            binary=binary,
+        )
+        server._wait_ready()
+        return server
+
+    @staticmethod
+    def _command(binary: Path, base_dir: Path) -> list[str]:
+        return [
+            str(binary),
+            "--config-file",
+            str(RESTATE_CONFIG),
+            "--base-dir",
+            str(base_dir),
+            "--node-name",
+            "test-node",
+            "--no-logo",
+        ]
+
+    @staticmethod
+    def _process_env(env: dict[str, str]) -> dict[str, str]:
+        return {**os.environ, **env}
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _ports(self) -> list[int]:
+        keys = ("RESTATE_INGRESS__BIND_ADDRESS", "RESTATE_ADMIN__BIND_ADDRESS", "RESTATE_BIND_ADDRESS")
+        return [_port_of(self.env[key]) for key in keys]
+
+    def _sql_answers(self) -> bool:
+        # /health turns 200 before the partition processor can answer queries on sys_* tables.
+        try:
+            response = httpx.post(
+                f"{self.admin_url}/query",
+                json={"query": "select count(*) as n from sys_invocation"},
+                headers={"accept": "application/json"},
+                timeout=5.0,
+                trust_env=False,
+            )
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
+
+    def _wait_ready(self) -> None:
+        _wait_ready(
+            self.proc,
+            name="restate-server",
+            checks=[
+                lambda: _http_get_ok(f"{self.admin_url}/health"),
+                lambda: _http_get_ok(f"{self.ingress_url}/restate/health"),
+                self._sql_answers,
+            ],
+            what=f"restate-server health at {self.admin_url}/health and {self.ingress_url}/restate/health",
+            timeout=RESTATE_START_TIMEOUT,
+            log_path=self.log_path,
+            stop_grace=RESTATE_STOP_GRACE,
+        )
+
+    def register(self, uri: str, *, http1: bool = False) -> dict[str, Any]:
+        """Register (or force-overwrite) the deployment at `uri`; return the admin API's answer."""
+        body: dict[str, object] = {"uri": uri, "force": True}
+        if http1:
+            body["use_http_11"] = True
+        response = httpx.post(f"{self.admin_url}/deployments", json=body, timeout=30.0, trust_env=False)
+        if not response.is_success:
+            raise RuntimeError(f"registering {uri} failed: HTTP {response.status_code}: {response.text}")
+        return cast(dict[str, Any], response.json())
+
+    def sql(self, query: str) -> list[dict[str, Any]]:
+        """Run a SQL query through the admin API and return its rows."""
+        response = httpx.post(
+            f"{self.admin_url}/query",
+            json={"query": query},
+            headers={"accept": "application/json"},
+            timeout=30.0,
+            trust_env=False,
+        )
+        if not response.is_success:
+            raise RuntimeError(f"query failed: HTTP {response.status_code}: {response.text}\n{query}")
+        return cast(list[dict[str, Any]], response.json()["rows"])
+
+    def invocation_statuses(self, service: str = "AgentRun", key: str | None = None) -> list[dict[str, Any]]:
+        """id, target_service_key, target_handler_name and status of a service's invocations."""
+        query = (
+            "select id, target_service_key, target_handler_name, status from sys_invocation"
+            f" where target_service_name = {_sql_literal(service)}"
+        )
+        if key is not None:
+            query += f" and target_service_key = {_sql_literal(key)}"
+        return self.sql(query + " order by created_at")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s. Idempotent."""
+        _stop_process(self.proc, RESTATE_STOP_GRACE, "restate-server")
+
+    def kill9(self) -> None:
+        """SIGKILL the server at once (a crash). Idempotent."""
+        _kill_group_and_reap(self.proc)
+
+    def restart(self, hard: bool = False) -> None:
+        """Stop (kill -9 if `hard`) and start again with the same binary, env, ports and base dir."""
+        if hard:
+            self.kill9()
+        else:
+            self.stop()
+        wait_until(
+            lambda: all(port_is_free(port) for port in self._ports()),
+            PORT_RELEASE_TIMEOUT,
+            f"restate-server ports {self._ports()} to be released",
+        )
+        self.proc = _spawn(
+            self._command(self.binary, self.base_dir),
+            env=self._process_env(self.env),
+            cwd=self.base_dir,
+            log_path=self.log_path,
+        )
+        self._wait_ready()
+
+    def cli_env(self) -> dict[str, str]:
+        """A complete environment for running the `restate` CLI against this server."""
+        return {**os.environ, "RESTATE_ADMIN_URL": self.admin_url, "RESTATE_INGRESS_URL": self.ingress_url}
+
+
+# --------------------------------------------------------------------------------------------------
+# The handlers app
+
+
+@dataclass
+class AppServer:
+    """The `python -m handlers serve` process, on a fixed port across restarts."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    env: dict[str, str]
+    """The variables given to start() (on top of os.environ)."""
+    cwd: Path
+    log_path: Path
+    sigterm_ignored: bool = field(default=False)
+    """Set once a stop() had to fall back to SIGKILL."""
+
+    @classmethod
+    def start(cls, *, env: dict[str, str], port: int | None = None, cwd: Path = REPO, log_path: Path) -> AppServer:
+        port = free_port() if port is None else port
+        app = cls(
+            proc=_spawn(cls._command(port), env=cls._process_env(env), cwd=cwd, log_path=log_path),
+            port=port,
+            env=dict(env),
+            cwd=cwd,
+            log_path=log_path,
+        )
+        app._wait_ready()
+        return app
+
+    @staticmethod
+    def _command(port: int) -> list[str]:
+        return [sys.executable, "-m", "handlers", "serve", "--bind", f"127.0.0.1:{port}"]
+
+    @staticmethod
+    def _process_env(env: dict[str, str]) -> dict[str, str]:
+        return {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def restate_uri(self) -> str:
+        return f"{self.url}/restate"
+
+    def _wait_ready(self) -> None:
+        _wait_ready(
+            self.proc,
+            name="handlers app",
+            checks=[lambda: _http_get_ok(f"{self.url}/healthz")],
+            what=f"{self.url}/healthz",
+            timeout=APP_START_TIMEOUT,
+            log_path=self.log_path,
+            stop_grace=APP_STOP_GRACE,
+        )
+
+    def stop(self, grace: float = APP_STOP_GRACE) -> None:
+        """SIGTERM; if the app is still running after `grace` s, SIGKILL and set sigterm_ignored."""
+        if not _stop_process(self.proc, grace, "handlers app"):
+            self.sigterm_ignored = True
+
+    def kill9(self) -> None:
+        """SIGKILL the app and anything in its process group at once (a crash). Idempotent."""
+        _kill_group_and_reap(self.proc)
+
+    def alive(self) -> bool:
+        return not _exited(self.proc)
+
+    def restart(self) -> None:
+        """Stop if running, then start again on the same port with the same env."""
+        self.stop()
+        wait_until(lambda: port_is_free(self.port), PORT_RELEASE_TIMEOUT, f"port {self.port} to be released")
+        self.proc = _spawn(
+            self._command(self.port), env=self._process_env(self.env), cwd=self.cwd, log_path=self.log_path
+        )
+        self._wait_ready()
+
+
+# --------------------------------------------------------------------------------------------------
+# Ingress client
+
+
+class Ingress:
+    """A small client for the restate ingress (AgentRun workflow calls)."""
+
+    def __init__(self, ingress_url: str) -> None:
+        self.client = httpx.Client(base_url=ingress_url, timeout=30.0, trust_env=False)
+
+    def __enter__(self) -> Ingress:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def start_run(self, run_id: str, task: dict[str, Any]) -> httpx.Response:
+        """Start AgentRun `run_id` without waiting (202 Accepted / PreviouslyAccepted)."""
+        return self.client.post(f"/AgentRun/{run_id}/run/send", json=task)
+
+    def call(self, service: str, key: str | None, handler: str, body: object | None) -> httpx.Response:
+        """Call a handler and wait for its answer; `body` None sends no body."""
+        path = f"/{service}/{handler}" if key is None else f"/{service}/{key}/{handler}"
+        if body is None:
+            return self.client.post(path)
+        return self.client.post(path, json=body)
+
+    def output(self, run_id: str) -> httpx.Response:
+        """The run's output now; 470 while it has not completed."""
+        return self.client.get(f"/restate/workflow/AgentRun/{run_id}/output")
+
+    def attach(self, run_id: str, timeout: float = 60.0) -> httpx.Response:
+        """Block (up to `timeout` s) until the run completes, and return its output."""
+        return self.client.get(f"/restate/workflow/AgentRun/{run_id}/attach", timeout=timeout)
+
+    def status(self, run_id: str) -> dict[str, Any]:
+        """The AgentRun `status` shared handler's answer."""
+        response = self.client.post(f"/AgentRun/{run_id}/status")
+        response.raise_for_status()
+        return cast(dict[str, Any], response.json())
+
+    def wait_output(self, run_id: str, timeout: float = 30.0) -> httpx.Response:
+        """Poll `output` until it is no longer 470 (not completed yet), and return that response."""
+
+        def done() -> httpx.Response | None:
+            response = self.output(run_id)
+            return None if response.status_code == 470 else response
+
+        return wait_until(done, timeout, f"AgentRun {run_id} to complete", interval=0.1)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# A whole stack (used by the conftest fixtures)
+
+
+def make_app_env(*, ingress_url: str, outbox_dir: Path, db_path: Path) -> dict[str, str]:
+    """The handlers app's environment for tests, with a fresh signing key."""
+    return {
+        "RESTATE_INGRESS_URL": ingress_url,
+        "APPROVALS_SIGNING_KEYS": "k1:" + secrets.token_urlsafe(32),
+        "APPROVALS_OUTBOX_DIR": str(outbox_dir),
+        "DEMO_DB": str(db_path),
+        "COUNTERSIGN_ENV": "test",
+    }
+
+
+def start_registered_app(restate: RestateServer, *, env: dict[str, str], log_path: Path) -> AppServer:
+    """Start the app on a free port (APPROVALS_PUBLIC_URL = its own URL) and register it with `restate`."""
+    port = free_port()
+    app = AppServer.start(env={**env, "APPROVALS_PUBLIC_URL": f"http://127.0.0.1:{port}"}, port=port, log_path=log_path)
+    try:
+        restate.register(app.restate_uri)
+    except BaseException:
+        app.stop()
+        raise
+    return app
+
+
+@dataclass
+class IsolatedStack:
+    """A private restate-server + app pair (for tests that kill processes)."""
+
+    restate: RestateServer
+    app: AppServer
+    ingress: Ingress
+    env: dict[str, str]
+    """The app's environment (as given to AppServer.start)."""
+    outbox_dir: Path
+    db_path: Path
+
+
+class StackFactory(Protocol):
+    """The `isolated_stack` fixture: call it to get a fresh, registered stack."""
+
+    def __call__(
+        self, *, restate_env: dict[str, str] | None = None, app_env: dict[str, str] | None = None
+    ) -> IsolatedStack: ...

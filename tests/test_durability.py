@@ -1,0 +1,82 @@
+"""The acceptance test of any approval system: crash while waiting, approve, exactly one effect."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from support.approver import form_csrf, submit, wait_for_email
+from support.business import new_order, refunds_for
+from support.processes import StackFactory, wait_until
+
+
+def refund(order: int) -> dict[str, Any]:
+    return {
+        "goal": f"Refund order {order} for $800.00",
+        "requester": "alice@example.com",
+        "script": [{"tool": "issue_refund", "args": {"order_id": order, "amount_usd": "800.00", "reason": "late"}}],
+    }
+
+
+def statuses(stack: Any, run_id: str) -> set[str]:
+    return {
+        row["status"] for row in stack.restate.invocation_statuses(key=run_id) if row["target_handler_name"] == "run"
+    }
+
+
+@pytest.mark.slow
+def test_kill9_handler_while_pending_then_approve(isolated_stack: StackFactory) -> None:
+    stack = isolated_stack()
+    order = new_order(stack.db_path, 100000)
+    stack.ingress.start_run("kill-app", refund(order))
+    [mail] = wait_for_email(stack.outbox_dir, "kill-app")
+    csrf = form_csrf(mail.link)
+
+    stack.app.kill9()
+    wait_until(lambda: statuses(stack, "kill-app") & {"suspended", "backing-off"}, 30, "the run to park")
+    stack.app.restart()
+    assert submit(mail.link, "approve", csrf=csrf).status_code == 200
+
+    result = stack.ingress.wait_output("kill-app", timeout=60).json()
+    assert result["status"] == "completed"
+    assert result["actions"][0]["outcome"] == "approved"
+    assert refunds_for(stack.db_path, "kill-app") == [("kill-app/0", order, 80000)]
+    assert len(list(stack.outbox_dir.glob("*.eml"))) == 1
+
+
+@pytest.mark.slow
+def test_kill9_restate_server_while_pending_then_approve(isolated_stack: StackFactory) -> None:
+    stack = isolated_stack()
+    order = new_order(stack.db_path, 100000)
+    stack.ingress.start_run("kill-server", refund(order))
+    [mail] = wait_for_email(stack.outbox_dir, "kill-server")
+    wait_until(lambda: "suspended" in statuses(stack, "kill-server"), 30, "the run to suspend")
+
+    stack.restate.kill9()
+    stack.restate.restart()
+    wait_until(lambda: "suspended" in statuses(stack, "kill-server"), 30, "the run to be suspended after restart")
+    assert stack.ingress.status("kill-server")["pending"][0]["approval_id"] == "kill-server-a0"
+    assert submit(mail.link, "approve").status_code == 200
+
+    result = stack.ingress.wait_output("kill-server", timeout=60).json()
+    assert result["status"] == "completed"
+    assert refunds_for(stack.db_path, "kill-server") == [("kill-server/0", order, 80000)]
+
+
+@pytest.mark.slow
+def test_kill9_handler_inside_the_tool_step_runs_the_effect_once(isolated_stack: StackFactory) -> None:
+    """A crash after the refund row is written but before the step is journaled: the retry finds it."""
+    stack = isolated_stack(app_env={"COUNTERSIGN_FAULT": "crash-after-effect:issue_refund"})
+    order = new_order(stack.db_path, 100000)
+    stack.ingress.start_run("kill-mid-step", refund(order))
+    [mail] = wait_for_email(stack.outbox_dir, "kill-mid-step")
+    assert submit(mail.link, "approve").status_code == 200
+    wait_until(lambda: not stack.app.alive(), 30, "the fault to kill the handler")
+    assert refunds_for(stack.db_path, "kill-mid-step") == [("kill-mid-step/0", order, 80000)]
+
+    stack.app.env.pop("COUNTERSIGN_FAULT")
+    stack.app.restart()
+    result = stack.ingress.wait_output("kill-mid-step", timeout=60).json()
+    assert result["actions"][0]["outcome"] == "approved"
+    assert result["actions"][0]["result"]["order_id"] == order
+    assert refunds_for(stack.db_path, "kill-mid-step") == [("kill-mid-step/0", order, 80000)]
