@@ -8,6 +8,7 @@ hook list so ours still runs.) The committed `hypercorn.toml` sets the HTTP/2 li
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -30,5 +31,7 @@ async def serve(app: Any, bind: str, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     install_shutdown_hook(loop, stop.set, signal.SIGTERM)
-    loop.add_signal_handler(signal.SIGINT, stop.set)
+    # Ctrl-C takes the SIGTERM path: only that one also tells the SDK to end its open invocation
+    # streams, without which hypercorn's graceful shutdown waits on them forever.
+    loop.add_signal_handler(signal.SIGINT, os.kill, os.getpid(), signal.SIGTERM)
     await hypercorn_serve(app, hypercorn_config(bind), shutdown_trigger=stop.wait)
