@@ -563,12 +563,15 @@ def make_app_env(*, ingress_url: str, outbox_dir: Path, db_path: Path) -> dict[s
     }
 
 
-def start_registered_app(restate: RestateServer, *, env: dict[str, str], log_path: Path) -> AppServer:
-    """Start the app on a free port (APPROVALS_PUBLIC_URL = its own URL) and register it with `restate`."""
+def start_registered_app(
+    restate: RestateServer, *, env: dict[str, str], log_path: Path, http1: bool = False
+) -> AppServer:
+    """Start the app on a free port (APPROVALS_PUBLIC_URL = its own URL) and register it with `restate`
+    (over HTTP/1.1, request/response, if `http1`; else HTTP/2, bidirectional)."""
     port = free_port()
     app = AppServer.start(env={**env, "APPROVALS_PUBLIC_URL": f"http://127.0.0.1:{port}"}, port=port, log_path=log_path)
     try:
-        restate.register(app.restate_uri)
+        restate.register(app.restate_uri, http1=http1)
     except BaseException:
         app.stop()
         raise
@@ -592,5 +595,5 @@ class StackFactory(Protocol):
     """The `isolated_stack` fixture: call it to get a fresh, registered stack."""
 
     def __call__(
-        self, *, restate_env: dict[str, str] | None = None, app_env: dict[str, str] | None = None
+        self, *, restate_env: dict[str, str] | None = None, app_env: dict[str, str] | None = None, http1: bool = False
     ) -> IsolatedStack: ...
