@@ -24,7 +24,6 @@ from support.processes import (
     start_registered_app,
 )
 
-
 DEPLOYMENT_PROTOCOLS = {"http2": False, "http1.1": True}
 """Test id -> whether the deployment is registered with `use_http_11`."""
 
