@@ -15,6 +15,7 @@ from uuid import uuid4
 
 import pytest
 from support.processes import (
+    DEPLOYMENT_PROTOCOLS,
     AppServer,
     Ingress,
     IsolatedStack,
@@ -23,9 +24,6 @@ from support.processes import (
     make_app_env,
     start_registered_app,
 )
-
-DEPLOYMENT_PROTOCOLS = {"http2": False, "http1.1": True}
-"""Test id -> whether the deployment is registered with `use_http_11`."""
 
 
 @pytest.fixture(scope="session", params=list(DEPLOYMENT_PROTOCOLS))

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, Self, TypeVar, cast
 
 import httpx
 
@@ -36,6 +36,8 @@ APP_START_TIMEOUT = 20.0
 APP_STOP_GRACE = 5.0
 PORT_RELEASE_TIMEOUT = 15.0
 LOG_TAIL_LINES = 40
+DEPLOYMENT_PROTOCOLS = {"http2": False, "http1.1": True}
+"""Test id -> whether a deployment is registered with `use_http_11` (request/response) or not (bidi)."""
 
 T = TypeVar("T")
 
@@ -429,7 +431,7 @@ class AppServer:
     """Set once a stop() had to fall back to SIGKILL."""
 
     @classmethod
-    def start(cls, *, env: dict[str, str], port: int | None = None, cwd: Path = REPO, log_path: Path) -> AppServer:
+    def start(cls, *, env: dict[str, str], port: int | None = None, cwd: Path = REPO, log_path: Path) -> Self:
         port = free_port() if port is None else port
         app = cls(
             proc=_spawn(cls._command(port), env=cls._process_env(env), cwd=cwd, log_path=log_path),
