@@ -15,6 +15,7 @@ from support.approver import submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import (
     DEPLOYMENT_PROTOCOLS,
+    REPO,
     AppServer,
     RestateServer,
     StackFactory,
@@ -29,6 +30,7 @@ from support.serverless import (
     pinned_deployments,
 )
 
+from handlers.cli import parser
 from handlers.lambda_handler import create_handler
 from handlers.settings import Settings
 
@@ -218,3 +220,18 @@ def test_upgrade_while_paused_new_runs_go_to_b_and_paused_runs_finish_on_a(
         assert pinned_deployments(restate, old_runs) == {run_id: id_a for run_id in old_runs}
     finally:
         app_b.stop()
+
+
+def test_the_container_file_copies_what_the_app_reads_and_serves_on_port() -> None:
+    """Docker cannot run here; this checks what can be checked without building the image."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    lines = [line.strip() for line in dockerfile.splitlines() if line.strip() and not line.startswith("#")]
+    assert lines[0] == "FROM python:3.11-slim"
+    copied = {src for line in lines if line.startswith("COPY ") for src in line.split()[1:-1]}
+    assert {"handlers", "email_templates", "hypercorn.toml", "requirements.lock", "pyproject.toml"} <= copied
+    assert all((REPO / src).exists() for src in copied)
+    allowed = {line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines() if line[:1] == "!"}
+    assert copied <= allowed, "the build context must include every copied path"
+    [cmd] = [line for line in lines if line.startswith("CMD ")]
+    assert json.loads(cmd.removeprefix("CMD "))[-1] == "exec python -m handlers serve --bind 0.0.0.0:${PORT}"
+    assert parser().parse_args(["serve", "--bind", "0.0.0.0:8080"]).bind == "0.0.0.0:8080"
