@@ -39,8 +39,11 @@ async def handle_call(book: RunBook, call: ToolCall, index: int) -> ActionRecord
 
     policy = await book.ctx.run_typed(f"policy {call.name} #{index}", _policy_for, tool_name=call.name, args=args)
     if policy.gated:
-        action = await approval_round(book, call, args, index, policy, tool.summarize(validated))
-        return book.record_action(action)
+        gated = await approval_round(book, tool, call, args, index, policy, tool.summarize(validated))
+        book.record_action(gated.action)
+        if gated.fail_run:
+            raise RunMustFail(f"{call.name} #{index}: {gated.action.reason}")
+        return gated.action
 
     run = await run_tool(book.ctx, call.name, args, index)
     return book.record_action(
@@ -54,6 +57,10 @@ async def handle_call(book: RunBook, call: ToolCall, index: int) -> ActionRecord
             idempotency_key=idempotency_key(book.state.run_id, index),
         )
     )
+
+
+class RunMustFail(Exception):
+    """A tool's policy says an unanswered approval fails the whole run."""
 
 
 def _invalid(call: ToolCall, index: int, message: str) -> ActionRecord:

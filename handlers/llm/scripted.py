@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from handlers.contract import ScriptStep
-from handlers.llm.base import AssistantTurn, ToolCall, ToolSpec, Transcript
+from handlers.llm.base import AssistantTurn, ToolCall, ToolResult, ToolSpec, Transcript
 
 _REFUND = re.compile(r"refund\s+order\s+#?(\d+)\s+for\s+\$?(\d+(?:\.\d{1,2})?)", re.IGNORECASE)
 _DELETE = re.compile(r"delete\s+customer\s+(c_\d+)", re.IGNORECASE)
@@ -23,11 +23,27 @@ class ScriptedModel:
 
     def next_turn(self, transcript: Transcript, tools: list[ToolSpec]) -> AssistantTurn:
         steps = self._script if self._script is not None else plan(transcript.goal)
-        done = len(transcript.results())
-        if done < len(steps):
-            step = steps[done]
-            return AssistantTurn(tool_calls=[ToolCall(id=f"call_{done}", name=step.tool, args=step.args, why=step.why)])
-        return AssistantTurn(text=answer(transcript))
+        results = transcript.results()
+        step = next_step(steps, results)
+        if step is None:
+            return AssistantTurn(text=answer(transcript))
+        call = ToolCall(id=f"call_{len(results)}", name=step.tool, args=step.args, why=step.why)
+        return AssistantTurn(tool_calls=[call])
+
+
+def next_step(steps: list[ScriptStep], results: list[ToolResult]) -> ScriptStep | None:
+    """Walk the script along the results so far: a rejected step with `if_rejected` proposes that next."""
+    position, follow_up = 0, None
+    for result in results:
+        current = follow_up or (steps[position] if position < len(steps) else None)
+        if current is None:
+            return None
+        if follow_up is None:
+            position += 1
+        follow_up = current.if_rejected if result.outcome == "rejected" else None
+    if follow_up is not None:
+        return follow_up
+    return steps[position] if position < len(steps) else None
 
 
 def plan(goal: str) -> list[ScriptStep]:
@@ -55,5 +71,9 @@ def answer(transcript: Transcript) -> str:
     lines = []
     for r in results:
         detail = r.content.get("reason") or r.content.get("error") or r.content.get("result") or ""
+        if edited := r.content.get("edited_by_approver"):
+            detail = "approver changed " + ", ".join(
+                f"{k} {v['proposed']} -> {v['approved']}" for k, v in edited.items()
+            )
         lines.append(f"{r.name}: {r.outcome}" + (f" ({detail})" if detail else ""))
     return "Done. " + "; ".join(lines)

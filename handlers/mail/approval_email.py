@@ -8,6 +8,7 @@ under the same key.
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from handlers import links
 from handlers.contract import ApprovalRecord
@@ -21,7 +22,15 @@ def _tag(value: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", value)[:256]
 
 
-def send_approval_request(record: ApprovalRecord, slot: int, goal: str) -> SendReceipt:
+MailKind = Literal["request", "reminder", "escalation", "reapproval"]
+
+
+def idempotency_key(record: ApprovalRecord, slot: int, kind: MailKind) -> str:
+    key = f"approval-{kind}/{record.approval_id}/r{record.round}/s{slot}"
+    return f"{key}/n{record.reminders_sent + 1}" if kind == "reminder" else key
+
+
+def send_approval_request(record: ApprovalRecord, slot: int, goal: str, kind: MailKind = "request") -> SendReceipt:
     settings = get_settings()
     token = links.mint(record, slot, settings.approvals_signing_keys, settings.signing_kid)
     url = f"{settings.approvals_public_url}/approvals/{token}"
@@ -30,6 +39,7 @@ def send_approval_request(record: ApprovalRecord, slot: int, goal: str) -> SendR
         record=record,
         goal=goal,
         approver=record.approvers[slot],
+        kind=kind,
         approve_url=f"{url}?intent=approve",
         reject_url=f"{url}?intent=reject",
     )
@@ -38,7 +48,7 @@ def send_approval_request(record: ApprovalRecord, slot: int, goal: str) -> SendR
         subject=subject,
         text=text,
         html=html,
-        idempotency_key=f"approval-request/{record.approval_id}/r{record.round}/s{slot}",
+        idempotency_key=idempotency_key(record, slot, kind),
         sent_at=record.requested_at,
         tags={"run_id": _tag(record.run_id), "approval_id": _tag(record.approval_id)},
         log_links=[url],

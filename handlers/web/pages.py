@@ -100,7 +100,14 @@ class ApprovalPages:
             return await self._post(request, runs, token, record)
         if record.state != "pending":
             return self._decided(200, record)
+        if claims.slot in {v.slot for v in record.votes if v.round == record.round}:
+            return notice(
+                200, "Already recorded", "Your decision is recorded; the other approvers have not all decided."
+            )
         if link_state == "replaced":
+            if claims.slot not in record.active_slots:
+                now_with = ", ".join(record.approvers[s] for s in record.active_slots)
+                return notice(410, "Handed on", f"This approval was handed to {now_with}; this link no longer works.")
             return notice(410, "Link replaced", "This link was replaced by a newer one; use the most recent email.")
         if link_state == "expired":
             return notice(410, "Link expired", "This link has expired; the action was not approved.")
@@ -150,17 +157,29 @@ class ApprovalPages:
             )
         if len(reason) > 2000:
             return notice(400, "Reason too long", "Keep the reason under 2000 characters. Nothing was decided.")
+        edits = {k.removeprefix("edit."): str(v).strip() for k, v in form.multi_items() if k.startswith("edit.")}
         decision = Decision(
-            token=token, verdict=verdict, reason=reason, client=request.headers.get("user-agent", "")[:300]
+            token=token,
+            verdict=verdict,
+            reason=reason,
+            edits={k: v for k, v in edits.items() if k in record.editable},
+            client=request.headers.get("user-agent", "")[:300],
         )
-        key = links.token_fingerprint(f"{token}|{verdict}|{reason}")
+        key = links.token_fingerprint(f"{token}|{decision.model_dump_json(exclude={'client'})}")
         try:
             receipt = await runs.decide(record.run_id, decision, key)
         except RunCallFailed as exc:
             return notice(exc.status, "Not decided", exc.message)
         if not receipt.accepted:
             return self._decided(409, record, receipt)
-        return page("decided.html", 200, record=record, receipt=receipt, when=_when(receipt.decided_at))
+        return page(
+            "decided.html",
+            200,
+            record=record,
+            receipt=receipt,
+            when=_when(receipt.decided_at),
+            edits=receipt.edits or {},
+        )
 
     def _decided(self, status: int, record: ApprovalRecord, receipt: DecisionReceipt | None = None) -> Response:
         state = receipt.state if receipt else record.state
