@@ -17,7 +17,7 @@ from restate import DurablePromise, RunOptions, TerminalError, WorkflowContext, 
 from restate.serde import Serde
 
 from handlers import links
-from handlers.actions import RunMustFail, handle_call
+from handlers.actions import RunMustFail, handle_turn
 from handlers.contract import (
     ActionRecord,
     AgentTask,
@@ -137,14 +137,14 @@ async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
         if not reply.tool_calls:
             return _finish(book, "completed", reply.text)
         book.state.phase = "acting"
-        for call in reply.tool_calls:
-            try:
-                action = await handle_call(book, call, len(book.state.actions))
-            except RunMustFail as exc:
-                return _finish(book, "failed", f"Stopped: {exc}")
+        try:
+            actions = await handle_turn(book, reply.tool_calls)
+        except RunMustFail as exc:
+            return _finish(book, "failed", f"Stopped: {exc}")
+        for call, action in zip(reply.tool_calls, actions, strict=True):
             transcript.turns.append(_tool_result(call.id, action))
-            if action.outcome is Outcome.CANCELLED:
-                return _finish(book, "cancelled", f"Cancelled while waiting for approval: {action.reason}")
+        if cancelled := [a for a in actions if a.outcome is Outcome.CANCELLED]:
+            return _finish(book, "cancelled", f"Cancelled while waiting for approval: {cancelled[0].reason}")
     return _finish(book, "failed", f"The agent did not finish within {get_settings().agent_max_turns} turns.")
 
 

@@ -40,6 +40,7 @@ class ScriptStep(Strict):
     args: dict[str, Any] = Field(default_factory=dict)
     why: str = Field(default="", max_length=2000)
     if_rejected: ScriptStep | None = Field(default=None, description="proposed next if this call is rejected")
+    also: list[ScriptStep] = Field(default_factory=list, max_length=10, description="proposed in the same turn")
 
 
 class AgentTask(Strict):
@@ -148,6 +149,7 @@ class ApprovalRecord(BaseModel):
     round_started_at: float
     deadline: float
     editable: dict[str, str] = Field(default_factory=dict)
+    batch: list[int] = Field(default_factory=list, description="indexes of the approvals asked together")
     change_note: str | None = None
     reminders_sent: int = 0
     escalations: int = 0

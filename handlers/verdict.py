@@ -44,3 +44,20 @@ def is_already_completed(exc: Exception) -> bool:
 def is_cancellation(exc: Exception) -> bool:
     """A hard `restate invocations cancel`: must propagate, never be swallowed as a business error."""
     return getattr(exc, "status_code", None) == 409 and getattr(exc, "message", "") in ("cancelled", "killed")
+
+
+def state_of(final: Verdict) -> ApprovalState:
+    """The approval's state once `final` decided it."""
+    if final.closes_as is not None:
+        return final.closes_as
+    match final.kind:
+        case "approve":
+            return "approved_with_edits" if final.edits else "approved"
+        case "reject":
+            return "rejected"
+        case "expire":
+            return "expired"
+        case "cancel":
+            return "cancelled"
+        case _:
+            return "undeliverable"

@@ -263,3 +263,51 @@ def test_approve_versus_deadline_race_is_consistent(isolated_stack: StackFactory
             assert action["outcome"] == "approved" and len(rows) == 1, run
         else:
             assert reply.status_code in (409, 410) and action["outcome"] == "expired" and rows == [], run
+
+
+def test_batch_one_email_and_one_page_per_approver_with_partial_decisions(
+    app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    first, second = new_order(demo_db, 125000), new_order(demo_db, 125000)
+    email = {"tool": "email_customer", "args": {"customer_id": "c_17", "subject": "Refund", "body": "On its way."}}
+    lookup = {"tool": "lookup_order", "args": {"order_id": first}}
+    turn = refund_step(first, "700.00", also=[refund_step(second, "800.00"), email, lookup])
+    ingress.start_run(run_id, task(turn))
+    finance = wait_for_email(outbox_dir, run_id, kind="batch", count=2)
+    by_person = {m.message["To"]: m for m in finance}
+    assert set(by_person) == {"finance@example.com", "ops@example.com"}
+    money = by_person["finance@example.com"]
+    assert "2 actions" in money.message["Subject"]
+    assert f"Refund $700.00 to order {first}" in money.text and f"Refund $800.00 to order {second}" in money.text
+
+    page = open_page(money.link)
+    assert page.status_code == 200 and page.text.count('type="radio"') == 6
+    csrf = form_csrf(money.link)
+    origin = {"Origin": app_server.url}
+    only_first = httpx.post(
+        money.link, data={"csrf": csrf, "verdict.0": "approve", "verdict.1": ""}, headers=origin, timeout=30
+    )
+    assert only_first.status_code == 200 and "you approved it" in only_first.text
+    wait_until(lambda: len(ingress.status(run_id)["pending"]) == 2, 10, "the first item to be decided")
+    assert refunds_for(demo_db, run_id) == [], "nothing runs before the whole turn is decided"
+
+    no_reason = httpx.post(money.link, data={"csrf": csrf, "verdict.1": "reject"}, headers=origin, timeout=30)
+    assert no_reason.status_code == 400
+    rejected = httpx.post(
+        money.link,
+        data={"csrf": csrf, "verdict.1": "reject", "reason.1": "one refund is enough"},
+        headers=origin,
+        timeout=30,
+    )
+    assert rejected.status_code == 200 and "you rejected it" in rejected.text
+    ops = by_person["ops@example.com"]
+    ops_csrf = form_csrf(ops.link)
+    assert (
+        httpx.post(ops.link, data={"csrf": ops_csrf, "verdict.2": "approve"}, headers=origin, timeout=30).status_code
+        == 200
+    )
+
+    result = ingress.wait_output(run_id).json()
+    assert [a["outcome"] for a in result["actions"]] == ["approved", "rejected", "approved", "autonomous"]
+    assert result["actions"][1]["reason"] == "one refund is enough"
+    assert refunds_for(demo_db, run_id) == [(f"{run_id}/0", first, 70000)]

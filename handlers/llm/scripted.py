@@ -24,26 +24,30 @@ class ScriptedModel:
     def next_turn(self, transcript: Transcript, tools: list[ToolSpec]) -> AssistantTurn:
         steps = self._script if self._script is not None else plan(transcript.goal)
         results = transcript.results()
-        step = next_step(steps, results)
-        if step is None:
+        group = next_group(steps, results)
+        if not group:
             return AssistantTurn(text=answer(transcript))
-        call = ToolCall(id=f"call_{len(results)}", name=step.tool, args=step.args, why=step.why)
-        return AssistantTurn(tool_calls=[call])
+        calls = [
+            ToolCall(id=f"call_{len(results) + k}", name=step.tool, args=step.args, why=step.why)
+            for k, step in enumerate(group)
+        ]
+        return AssistantTurn(tool_calls=calls)
 
 
-def next_step(steps: list[ScriptStep], results: list[ToolResult]) -> ScriptStep | None:
-    """Walk the script along the results so far: a rejected step with `if_rejected` proposes that next."""
-    position, follow_up = 0, None
-    for result in results:
+def next_group(steps: list[ScriptStep], results: list[ToolResult]) -> list[ScriptStep]:
+    """Walk the script along the results so far; a step and its `also` calls make one turn, and a
+    rejected step with `if_rejected` proposes that next."""
+    position, follow_up, consumed = 0, None, 0
+    while consumed < len(results):
         current = follow_up or (steps[position] if position < len(steps) else None)
         if current is None:
-            return None
+            return []
         if follow_up is None:
             position += 1
-        follow_up = current.if_rejected if result.outcome == "rejected" else None
-    if follow_up is not None:
-        return follow_up
-    return steps[position] if position < len(steps) else None
+        follow_up = current.if_rejected if results[consumed].outcome == "rejected" else None
+        consumed += 1 + len(current.also)
+    step = follow_up or (steps[position] if position < len(steps) else None)
+    return [step, *step.also] if step else []
 
 
 def plan(goal: str) -> list[ScriptStep]:

@@ -30,7 +30,9 @@ def idempotency_key(record: ApprovalRecord, slot: int, kind: MailKind) -> str:
     return f"{key}/n{record.reminders_sent + 1}" if kind == "reminder" else key
 
 
-def send_approval_request(record: ApprovalRecord, slot: int, goal: str, kind: MailKind = "request") -> SendReceipt:
+def send_approval_request(
+    record: ApprovalRecord, slot: int, goal: str, kind: MailKind = "request", sent_at: float | None = None
+) -> SendReceipt:
     settings = get_settings()
     token = links.mint(record, slot, settings.approvals_signing_keys, settings.signing_kid)
     url = f"{settings.approvals_public_url}/approvals/{token}"
@@ -49,8 +51,28 @@ def send_approval_request(record: ApprovalRecord, slot: int, goal: str, kind: Ma
         text=text,
         html=html,
         idempotency_key=idempotency_key(record, slot, kind),
-        sent_at=record.requested_at,
+        sent_at=sent_at if sent_at is not None else record.round_started_at,
         tags={"run_id": _tag(record.run_id), "approval_id": _tag(record.approval_id)},
+        log_links=[url],
+    )
+    return mailer_for(settings).send(email)
+
+
+def send_batch_request(records: list[ApprovalRecord], slots: list[int], goal: str) -> SendReceipt:
+    """One email to one approver about several actions proposed together; one link, one page."""
+    settings = get_settings()
+    first, approver = records[0], records[0].approvers[slots[0]]
+    token = links.mint(first, slots[0], settings.approvals_signing_keys, settings.signing_kid)
+    url = f"{settings.approvals_public_url}/approvals/{token}"
+    subject, text, html = render("approval_batch", records=records, goal=goal, approver=approver, url=url)
+    email = OutgoingEmail(
+        to=[approver],
+        subject=subject,
+        text=text,
+        html=html,
+        idempotency_key=f"approval-batch/{first.approval_id}/r{first.round}/{approver}",
+        sent_at=first.round_started_at,
+        tags={"run_id": _tag(first.run_id), "approval_id": _tag(first.approval_id)},
         log_links=[url],
     )
     return mailer_for(settings).send(email)

@@ -54,7 +54,7 @@ def read_email(path: Path) -> ApprovalEmail:
 
 
 def approval_emails(outbox: Path, run_id: str, kind: str = "request") -> list[ApprovalEmail]:
-    """The outbox's emails of one kind (request, reminder, escalation, reapproval) for a run."""
+    """The outbox emails of one kind (request, reminder, escalation, reapproval, batch) for a run."""
     return [read_email(path) for path in sorted(outbox.glob(f"approval-{kind}_{run_id}-a*.eml"))]
 
 
