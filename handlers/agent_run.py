@@ -28,6 +28,8 @@ from handlers.contract import (
     DecisionReceipt,
     Outcome,
     PendingApproval,
+    ReassignReceipt,
+    ReassignRequest,
     RunResult,
     RunStatus,
 )
@@ -300,6 +302,7 @@ def _checked_edits(record: ApprovalRecord, decision: Decision) -> dict[str, Any]
 
 
 _SLOT_STATE = {
+    "reassign": "reassigned",
     "reject": "rejected",
     "expire": "expired",
     "cancel": "cancelled",
@@ -357,6 +360,41 @@ async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelRe
         if won:
             cancelled.append(record.approval_id)
     return CancelReceipt(run_id=ctx.key(), accepted=accepted, cancelled_approvals=cancelled)
+
+
+@agent_run.handler(name="reassign")
+async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> ReassignReceipt:
+    """Hand a pending approval (one approver's part of it) to someone else: a new round starts and
+    older links stop working. A 400 that changes nothing when the request does not fit."""
+    state = await ctx.get(STATE_KEY, type_hint=RunState)
+    record = state.approvals.get(request.approval_id) if state else None
+    if record is None or record.state != "pending":
+        raise TerminalError(f"no pending approval {request.approval_id} in run {ctx.key()}", 404)
+    to = request.to.lower()
+    if to in (record.approvers[s] for s in record.active_slots):
+        raise TerminalError(f"{to} already decides this approval (one person counts once)", 400)
+    voted = {v.slot for v in record.votes if v.round == record.round}
+    open_slots = [s for s in record.active_slots if s not in voted]
+    if request.replacing:
+        open_slots = [s for s in open_slots if record.approvers[s] == request.replacing.lower()]
+    if len(open_slots) != 1:
+        raise TerminalError("say which approver to replace (--from): several, or none, are still deciding", 400)
+    slot = open_slots[0]
+    now = await ctx.time()
+    verdict = Verdict(
+        kind="reassign",
+        slot=slot,
+        round=record.round,
+        digest=record.digest,
+        at=now,
+        source="system",
+        reason=request.reason or f"reassigned to {to}",
+        to=to,
+    )
+    accepted = await _complete(
+        ctx.promise(slot_promise(record.approval_id, record.round, slot), type_hint=Verdict), verdict
+    )
+    return ReassignReceipt(approval_id=record.approval_id, accepted=accepted, replaced=record.approvers[slot], to=to)
 
 
 async def _complete(promise: DurablePromise[Any], value: Any) -> bool:

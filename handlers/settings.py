@@ -21,6 +21,7 @@ class Settings(BaseSettings):
 
     countersign_env: Literal["dev", "test", "production"] = "production"
     restate_ingress_url: str = "http://127.0.0.1:8080"
+    restate_admin_url: str = "http://127.0.0.1:9070"
     approvals_public_url: str = "http://127.0.0.1:9080"
     approvals_signing_keys: SigningKeys = Field(default_factory=dict)
     approvals_outbox_dir: Path = Path(".outbox")
@@ -32,6 +33,7 @@ class Settings(BaseSettings):
     model: str = "scripted"
     demo_db: Path = Path(".demo/business.db")
     agent_max_turns: int = Field(default=20, ge=1, le=200)
+    trust_ramp_min_decisions: int = Field(default=20, ge=1)
     countersign_fault: str | None = None
 
     @field_validator("approvals_signing_keys", mode="before")
@@ -60,7 +62,7 @@ class Settings(BaseSettings):
             return [str(k) for k in raw]
         return [k.strip() for k in str(raw or "").split(",") if k.strip()]
 
-    @field_validator("approvals_public_url", "restate_ingress_url")
+    @field_validator("approvals_public_url", "restate_ingress_url", "restate_admin_url")
     @classmethod
     def _strip_slash(cls, url: str) -> str:
         if not url.startswith(("http://", "https://")):

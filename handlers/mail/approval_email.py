@@ -36,8 +36,15 @@ def send_approval_request(
     settings = get_settings()
     token = links.mint(record, slot, settings.approvals_signing_keys, settings.signing_kid)
     url = f"{settings.approvals_public_url}/approvals/{token}"
+    inbox = links.inbox_token(
+        record.approvers[slot],
+        settings.approvals_signing_keys,
+        settings.signing_kid,
+        int(record.round_started_at) + links.INBOX_LINK_DAYS * 86400,
+    )
     subject, text, html = render(
         "approval_request",
+        inbox_url=f"{settings.approvals_public_url}/inbox/{inbox}",
         record=record,
         goal=goal,
         approver=record.approvers[slot],
