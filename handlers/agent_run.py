@@ -165,7 +165,8 @@ async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
         except TerminalError as exc:
             if is_cancellation(exc):
                 raise
-            return _finish(book, "failed", f"The model call failed: {exc.message}")
+            retried = "" if exc.status_code == 400 else f" (gave up after {get_settings().model_max_attempts} attempts)"
+            return _finish(book, "failed", f"The model call failed{retried}: {exc.message}")
         transcript.turns.append(reply)
         problem: str | None = None
         if reply.empty:

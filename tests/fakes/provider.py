@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,6 +37,8 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: JsonObject
+    at: float
+    """time.monotonic() when the request arrived."""
 
 
 class FakeProvider:
@@ -89,7 +92,7 @@ class FakeProvider:
             body = {"unparsed": raw.decode(errors="replace")}
         model = str(body.get("model", ""))
         with self._lock:
-            self._seen.append(Seen(path, headers, body))
+            self._seen.append(Seen(path, headers, body, time.monotonic()))
             count = sum(1 for s in self._seen if s.body.get("model") == model)
             if (refusal := self.refuse_unauthorised(headers)) is not None:
                 return refusal
