@@ -6,16 +6,18 @@ at the fakes, so requests are counted per test. What a fake saw is what the prov
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import pytest
 from fakes import anthropic_server as anth
 from fakes import openai_server as oai
 from fakes.fixtures import model_stack, provider_env, running
 from fakes.provider import FakeProvider, JsonObject, Reply, Step
-from support.approver import submit, wait_for_email
+from support.approver import form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack
 
@@ -174,6 +176,38 @@ def test_rejection_reason_reaches_the_model_which_reacts(
     [_, second] = provider.fake.seen(model)
     told = provider.results(second.body)[refund_id]
     assert reason in told and "final" in told
+
+
+def test_an_edit_by_the_approver_is_told_to_the_model(
+    stack: IsolatedStack, openai_fake: oai.OpenAIFake, model: str, run_id: str
+) -> None:
+    provider = Provider("openai", openai_fake)
+    order = new_order(stack.db_path, 125000)
+    refund = provider.calls(model, ("issue_refund", {"order_id": order, "amount_usd": "700.00", "reason": "late"}))
+    [refund_id] = provider.call_ids(refund)
+
+    def after_edit(body: JsonObject) -> Reply:
+        told = json.loads(provider.results(body)[refund_id])
+        edit = told.get("edited_by_approver", {}).get("amount_usd", {})
+        return provider.answer(model, f"Refunded ${edit.get('approved')} (I proposed ${edit.get('proposed')}).")
+
+    provider.fake.script(model, refund, reacting(after_edit))
+    stack.ingress.start_run(run_id, task(provider, model, f"Refund order {order} for $700"))
+    [mail] = wait_for_email(stack.outbox_dir, run_id)
+    edited = httpx.post(
+        mail.link,
+        data={"csrf": form_csrf(mail.link), "verdict": "approve", "edit.amount_usd": "500"},
+        headers={"Origin": stack.app.url},
+        timeout=30,
+    )
+    assert edited.status_code == 200, edited.text
+    result = finish(stack, run_id)
+
+    assert result["answer"] == "Refunded $500.00 (I proposed $700.00)."
+    assert result["actions"][0]["outcome"] == "approved_with_edits"
+    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 50000)]
+    told = json.loads(provider.results(provider.fake.seen(model)[1].body)[refund_id])
+    assert told["outcome"] == "approved_with_edits" and "changed some arguments" in told["meaning"]
 
 
 # --- provider errors ------------------------------------------------------------------------------------

@@ -14,10 +14,13 @@ from handlers.llm.base import ToolResult, ToolSpec, Transcript
 EMPTY_REPLY = "Your last reply was empty. Call one of the tools, or answer in plain text if the goal is done."
 
 OUTCOME_NOTES = {
-    "approved": "A person approved this exact call and it ran with these arguments.",
-    "approved_with_edits": "A person approved after changing the arguments; it ran with `args` as shown.",
+    "approved": "This exact call was approved and has run.",
+    "approved_with_edits": (
+        "The approver changed some arguments before approving (see `edited_by_approver`); "
+        "the call ran with the changed values, not the ones you proposed."
+    ),
     "rejected": (
-        "A person rejected this exact call. That is final: do not propose the same call again. "
+        "This exact call was rejected. That is final: do not propose the same call again. "
         "Read the reason; propose something different only if the reason invites it, otherwise answer."
     ),
     "expired": "Nobody decided before the deadline, so the action did not run.",
