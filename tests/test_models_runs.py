@@ -216,13 +216,14 @@ def test_an_edit_by_the_approver_is_told_to_the_model(
 def test_rate_limit_is_retried_after_the_providers_delay(
     stack: IsolatedStack, openai_fake: oai.OpenAIFake, model: str, run_id: str
 ) -> None:
-    openai_fake.script(model, oai.rate_limited("1"), oai.answer(model, "Nothing to do."))
+    openai_fake.script(model, oai.rate_limited("2"), oai.answer(model, "Nothing to do."))
     stack.ingress.start_run(run_id, task(Provider("openai", openai_fake), model, "Say hello"))
     result = finish(stack, run_id)
     assert (result["status"], result["answer"]) == ("completed", "Nothing to do.")
     limited, retried = openai_fake.seen(model)
     assert limited.body == retried.body
-    assert retried.at - limited.at >= 0.9, "the retry waited for the provider's retry-after"
+    # The step's own backoff would retry after 1 s; the provider asked for 2.
+    assert retried.at - limited.at >= 1.9, "the retry waited for the provider's retry-after"
 
 
 def test_overload_and_timeout_are_retried(
