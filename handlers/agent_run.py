@@ -2,7 +2,8 @@
 
 Guarantee: every model turn, policy answer, email and tool effect is a journaled step, so a run
 resumes after any crash or restart without repeating what already happened; the loop is bounded by
-`AGENT_MAX_TURNS`; a malformed task ends at once with a 400 carrying the validation message.
+`AGENT_MAX_TURNS`, a model turn's retries by `MODEL_MAX_ATTEMPTS` and malformed replies in a row by
+`MODEL_MAX_MALFORMED_TURNS`; a malformed task ends at once with a 400 carrying the validation message.
 """
 
 from __future__ import annotations
