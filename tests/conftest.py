@@ -2,8 +2,10 @@
 
 Guarantee: every process a fixture starts is stopped by that fixture's teardown, in reverse
 order of starting, whether or not the test passed (see support.processes for how). Every test that
-uses `app_server` or `isolated_stack` runs twice: with the deployment registered over HTTP/2
-(bidirectional streaming) and over HTTP/1.1 (request/response, as serverless platforms invoke it).
+uses the session stack (`restate_server`, `app_server`, ...) or `isolated_stack` runs twice: with the
+deployment registered over HTTP/2 (bidirectional streaming) and over HTTP/1.1 (request/response, as
+serverless platforms invoke it). Each protocol gets its own session stack, so nothing one mode left
+behind (workflow keys, demo rows) is seen by the other.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ def deployment_protocol(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def restate_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestateServer]:
-    server = RestateServer.start(tmp_path_factory.mktemp("restate"))
+def restate_server(deployment_protocol: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestateServer]:
+    server = RestateServer.start(tmp_path_factory.mktemp(f"restate-{deployment_protocol}"))
     try:
         yield server
     finally:
@@ -67,7 +69,6 @@ def app_server(
     deployment_protocol: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[AppServer]:
-    # A new app (and deployment) per protocol: new runs go to the latest registered deployment.
     app = start_registered_app(
         restate_server,
         env=app_env,
