@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+from restate.server_types import RestateLambdaRequest
 from support.approver import submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import (
@@ -46,7 +47,7 @@ def refund(order: int, amount: str = "750.00") -> dict[str, Any]:
     }
 
 
-def lambda_event(path: str, method: str = "GET", headers: dict[str, str] | None = None) -> dict[str, Any]:
+def lambda_event(path: str, method: str = "GET", headers: dict[str, str] | None = None) -> RestateLambdaRequest:
     """An event exactly as restate-server's Lambda invoker shapes it (an API Gateway proxy request)."""
     return {"path": path, "httpMethod": method, "headers": headers or {}, "body": "", "isBase64Encoded": True}
 
@@ -60,15 +61,15 @@ def on_own_thread(fn: Callable[[], T]) -> T:
 def test_lambda_handler_answers_discovery_and_health_in_process(tmp_path: Path) -> None:
     settings = Settings(
         countersign_env="test",
-        approvals_signing_keys="k1:" + "s" * 40,  # type: ignore[arg-type]
+        approvals_signing_keys={"k1": b"s" * 40},
         approvals_outbox_dir=tmp_path / "outbox",
         demo_db=tmp_path / "business.db",
     )
 
     def discover() -> tuple[dict[str, Any], dict[str, Any]]:
         handler = create_handler(settings)
-        discovery = handler(lambda_event("/discover", headers={"accept": MANIFEST_V3}), None)  # type: ignore[arg-type]
-        health = handler(lambda_event("/health"), None)  # type: ignore[arg-type]
+        discovery = handler(lambda_event("/discover", headers={"accept": MANIFEST_V3}), None)
+        health = handler(lambda_event("/health"), None)
         return dict(discovery), dict(health)
 
     discovery, health = on_own_thread(discover)
@@ -86,15 +87,15 @@ def test_lambda_handler_refuses_unsigned_requests_when_identity_keys_are_set(tmp
     key = make_identity_key(tmp_path / "identity")
     settings = Settings(
         countersign_env="test",
-        approvals_signing_keys="k1:" + "s" * 40,  # type: ignore[arg-type]
+        approvals_signing_keys={"k1": b"s" * 40},
         approvals_outbox_dir=tmp_path / "outbox",
         restate_identity_keys=[key.public_key],
     )
 
     def unsigned() -> tuple[int, int]:
         handler = create_handler(settings)
-        discovery = handler(lambda_event("/discover", headers={"accept": MANIFEST_V3}), None)  # type: ignore[arg-type]
-        invoke = handler(lambda_event("/invoke/AgentRun/run", "POST"), None)  # type: ignore[arg-type]
+        discovery = handler(lambda_event("/discover", headers={"accept": MANIFEST_V3}), None)
+        invoke = handler(lambda_event("/invoke/AgentRun/run", "POST"), None)
         return int(discovery["statusCode"]), int(invoke["statusCode"])
 
     assert on_own_thread(unsigned) == (401, 401)

@@ -21,14 +21,16 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit
 
+from restate.server_types import RestateLambdaRequest, RestateLambdaResponse
+
 from handlers.lambda_handler import handler
 
 # Lambda runs one event at a time per instance; the SDK adapter also keeps its event loop per thread.
 _instance = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lambda")
 
 
-def invoke(event: dict[str, Any]) -> dict[str, Any]:
-    return dict(_instance.submit(handler, event, None).result())  # type: ignore[arg-type]
+def invoke(event: RestateLambdaRequest) -> RestateLambdaResponse:
+    return _instance.submit(handler, event, None).result()
 
 
 class Bridge(http.server.BaseHTTPRequestHandler):
@@ -55,7 +57,7 @@ class Bridge(http.server.BaseHTTPRequestHandler):
         return self.rfile.read(int(self.headers.get("content-length") or 0))
 
     def _forward(self) -> None:
-        event = {
+        event: RestateLambdaRequest = {
             "path": urlsplit(self.path).path,
             "httpMethod": self.command,
             "headers": {key.lower(): value for key, value in self.headers.items()},
