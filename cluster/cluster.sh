@@ -59,8 +59,9 @@ set_node_env() {
 
 http_ok() { curl -sf -o /dev/null --max-time 2 "$@"; }
 
-# Ready = every started node's admin API answers a query over all partitions (so each has a leader)
-# and its ingress is healthy. Before provisioning the ports accept connections but never answer.
+# Ready = every started node's ingress is healthy and its admin API answers a query over the
+# partitions' tables, which it does only once every partition has a leader (observed: health turns
+# 200 seconds earlier). Before provisioning the ports accept connections but never answer.
 wait_ready() {
   local deadline=$((SECONDS + ready_timeout)) i
   for i in "$@"; do
@@ -103,7 +104,7 @@ stop() {
       rm -f "$(pidfile "$i")"
       continue
     fi
-    kill -TERM "$pid"
+    kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 1 150); do
       [ -n "$(running_pid "$i")" ] || break
       sleep 0.2
@@ -118,7 +119,7 @@ crash() {
   local i pid
   for i in "$@"; do
     pid=$(running_pid "$i")
-    [ -n "$pid" ] && kill -KILL "$pid" && echo "n$i killed (pid $pid)"
+    if [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null; then echo "n$i killed (pid $pid)"; fi
     rm -f "$(pidfile "$i")"
   done
 }
