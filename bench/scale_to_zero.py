@@ -1,15 +1,22 @@
 """What a paused run costs the handler: its RSS before and after pausing 1,000 runs, then with no handler.
 
 `python -m bench.scale_to_zero [--runs 1000] [--protocol http1.1|http2]` starts its own restate-server
-and handlers (the test suite's helpers: loopback, free ports), pauses a warm-up batch (the handler's
-allocator grows to its working set for that many concurrent runs), then the runs in batches, and reads
-the handler's VmRSS once every run of a batch is `suspended` in Restate. Finally it stops the handler
-and checks Restate still holds every run as suspended. Exit 1 if the handler's RSS grows by more than
-`--max-bytes-per-run` per paused run in the median batch: memory held per paused run would show in
-every batch, while the allocator's one-off steps (a new peak of open connections) show in one.
+and handlers (the test suite's helpers: loopback, free ports) and runs two phases of the same runs,
+each a gated $600 refund started by a closed loop of `--concurrency` workers:
+
+* paused: every run waits for its approval. After a warm-up batch (the allocator's working set for
+  that concurrency), the handler's VmRSS is read whenever a batch is all `suspended` in Restate. At
+  the end the handler is stopped and Restate must still hold every run suspended.
+* control: the policy gives each run a 1-second deadline, so it goes through the same path (model
+  turns, policy, email, the approval round) and then completes as expired: nothing stays paused.
+
+Handler memory held per paused run = the paused phase's RSS growth per run minus the control's. The
+control is needed: the work of asking moves RSS by itself (allocator fragmentation, buffers of the
+connections Restate keeps open). Exit 1 if the difference exceeds `--max-bytes-per-run` or a run was
+lost.
 
 Guarantee: every process it starts is stopped by PID before it exits, whatever happens; every wait is
-bounded; the figures are read from /proc only when no invocation is open in the handler.
+bounded; RSS is read only when every run of the batch has reached its wait or its end.
 """
 
 from __future__ import annotations
@@ -17,9 +24,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import functools
-import itertools
 import json
-import statistics
 import sys
 import tempfile
 import threading
@@ -100,17 +105,16 @@ def connections(port: int) -> int:
     return count
 
 
-def suspended(restate: RestateServer) -> int:
+def run_states(restate: RestateServer) -> dict[str, int]:
     rows = restate.sql(
         "select status, count(*) as n from sys_invocation"
         " where target_service_name = 'AgentRun' and target_handler_name = 'run' group by status"
     )
-    counts = {row["status"]: int(row["n"]) for row in rows}
-    return counts.get("suspended", 0) if set(counts) <= {"suspended"} else -1
+    return {row["status"]: int(row["n"]) for row in rows}
 
 
-def all_suspended(restate: RestateServer, count: int) -> bool:
-    return suspended(restate) == count
+def all_in(restate: RestateServer, status: str, count: int) -> bool:
+    return run_states(restate) == {status: count}
 
 
 def batches(run_ids: list[str], size: int) -> Iterable[list[str]]:
@@ -118,23 +122,29 @@ def batches(run_ids: list[str], size: int) -> Iterable[list[str]]:
         yield run_ids[i : i + size]
 
 
-def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+def phase(args: argparse.Namespace, root: Path, *, control: bool) -> dict[str, Any]:
+    """Pause the runs (or, as the control, let each expire one second after it asks) and read RSS."""
     with ExitStack() as stack:
         restate = RestateServer.start(root / "restate")
         stack.callback(restate.stop)
         env = make_app_env(ingress_url=restate.ingress_url, outbox_dir=root / "outbox", db_path=root / "business.db")
+        if control:
+            policy = root / "expire-at-once.toml"
+            policy.write_text("[tools.issue_refund]\ndeadline_seconds = 1\nreminders_seconds = []\n")
+            env["APPROVALS_POLICY_FILE"] = str(policy)
         app = start_registered_app(
             restate, env=env, log_path=root / "app.log", http1=DEPLOYMENT_PROTOCOLS[args.protocol]
         )
         stack.callback(app.stop)
         batch = max(1, args.runs // args.batches)
         warmup = batch if args.warmup is None else args.warmup
-        names = [f"warm-{i:04d}" for i in range(warmup)] + [f"paused-{i:05d}" for i in range(args.runs)]
+        names = [f"warm-{i:04d}" for i in range(warmup)] + [f"run-{i:05d}" for i in range(args.runs)]
         orders = {run_id: new_order(Path(env["DEMO_DB"]), 100000) for run_id in names}
+        status = "completed" if control else "suspended"
 
-        def reading(paused: int) -> dict[str, Any]:
+        def reading(runs: int) -> dict[str, Any]:
             return {
-                "paused": paused,
+                "runs": runs,
                 "handler_rss": rss_bytes(app.pid),
                 "restate_rss": rss_bytes(restate.pid),
                 "handler_connections": connections(app.port),
@@ -144,71 +154,70 @@ def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         t0 = time.monotonic()
         for group in [names[:warmup], *batches(names[warmup:], batch)]:
             start_runs(restate.ingress_url, root / "outbox", group, orders, args.concurrency)
-            paused: int = rows[-1]["paused"] + len(group)
-            wait_until(
-                functools.partial(all_suspended, restate, paused), args.timeout, f"{paused} runs to suspend", 0.5
-            )
-            rows.append(reading(paused))
+            runs: int = rows[-1]["runs"] + len(group)
+            done = functools.partial(all_in, restate, status, runs)
+            wait_until(done, args.timeout, f"{runs} runs to be {status}", interval=0.5)
+            rows.append(reading(runs))
             row = rows[-1]
             print(
-                f"  {paused:5d} paused  handler {row['handler_rss'] / MIB:6.1f} MiB, {row['handler_connections']:4d}"
-                f" connections  restate-server {row['restate_rss'] / MIB:6.1f} MiB  ({time.monotonic() - t0:5.1f} s)",
+                f"  {runs:5d} {status:9s}  handler {row['handler_rss'] / MIB:6.1f} MiB,"
+                f" {row['handler_connections']:3d} connections  restate-server {row['restate_rss'] / MIB:6.1f} MiB"
+                f"  ({time.monotonic() - t0:5.1f} s)",
                 flush=True,
             )
-        elapsed = time.monotonic() - t0
         app.stop()
         warm, last = rows[1], rows[-1]
         return {
-            "protocol": args.protocol,
-            "runs": args.runs,
-            "warmup": warmup,
-            "concurrency": args.concurrency,
+            "status": status,
             "rows": rows,
-            "handler_bytes_per_paused_run": (last["handler_rss"] - warm["handler_rss"]) / args.runs,
-            "handler_median_batch_bytes_per_run": statistics.median(
-                (after["handler_rss"] - before["handler_rss"]) / (after["paused"] - before["paused"])
-                for before, after in itertools.pairwise(rows[1:])
-            ),
-            "restate_bytes_per_paused_run": (last["restate_rss"] - warm["restate_rss"]) / args.runs,
-            "suspended_after_handler_stopped": suspended(restate),
-            "seconds_to_pause_all": elapsed,
+            "handler_bytes_per_run": (last["handler_rss"] - warm["handler_rss"]) / args.runs,
+            "restate_bytes_per_run": (last["restate_rss"] - warm["restate_rss"]) / args.runs,
+            "after_handler_stopped": run_states(restate),
+            "seconds": time.monotonic() - t0,
         }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale_to_zero", description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=1000, help="runs to pause after the warm-up (default 1000)")
+    parser.add_argument("--runs", type=int, default=1000, help="runs measured after the warm-up (default 1000)")
     parser.add_argument("--batches", type=int, default=4, help="RSS readings across the runs (default 4)")
-    parser.add_argument("--warmup", type=int, help="runs paused before the baseline (default: one batch)")
+    parser.add_argument("--warmup", type=int, help="runs before the baseline reading (default: one batch)")
     parser.add_argument("--protocol", choices=list(DEPLOYMENT_PROTOCOLS), default="http1.1")
     parser.add_argument("--concurrency", type=int, default=16, help="runs in flight at once (default 16)")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds a batch may take to suspend")
-    parser.add_argument(
-        "--max-bytes-per-run", type=float, default=2048, help="allowed handler RSS growth per run (median batch)"
-    )
+    parser.add_argument("--timeout", type=float, default=600, help="seconds a batch may take")
+    parser.add_argument("--max-bytes-per-run", type=float, default=1024, help="allowed RSS held per paused run")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
 
-    print(f"{args.protocol} deployment: a warm-up batch, then {args.runs} runs paused in {args.batches} batches")
-    with tempfile.TemporaryDirectory(prefix="scale-to-zero-") as tmp:
-        result = measure(args, Path(tmp))
-    idle, warm, last = result["rows"][0], result["rows"][1], result["rows"][-1]
+    results = {}
+    for name, control in (("paused", False), ("control", True)):
+        what = "each expires 1 s after it asks (control)" if control else "each pauses on its approval"
+        print(
+            f"{args.protocol} deployment, {args.concurrency} in flight: a warm-up batch, then {args.runs} runs; {what}",
+            flush=True,
+        )
+        with tempfile.TemporaryDirectory(prefix="scale-to-zero-") as tmp:
+            results[name] = phase(args, Path(tmp), control=control)
+    paused, control_run = results["paused"], results["control"]
+    held = paused["handler_bytes_per_run"] - control_run["handler_bytes_per_run"]
+    warm, last = paused["rows"][1], paused["rows"][-1]
     print(
-        f"handler RSS: {idle['handler_rss'] / MIB:.1f} MiB idle, {warm['handler_rss'] / MIB:.1f} MiB after"
-        f" {warm['paused']} warm-up runs, {last['handler_rss'] / MIB:.1f} MiB with {last['paused']} paused:"
-        f" {result['handler_bytes_per_paused_run']:.0f} bytes per paused run overall,"
-        f" {result['handler_median_batch_bytes_per_run']:.0f} in the median batch"
-        f" (restate-server: {result['restate_bytes_per_paused_run']:.0f} bytes per paused run)"
+        f"handler RSS with runs paused: {warm['handler_rss'] / MIB:.1f} MiB after the warm-up,"
+        f" {last['handler_rss'] / MIB:.1f} MiB with {last['runs']} paused:"
+        f" {paused['handler_bytes_per_run']:.0f} bytes per run;"
+        f" the control (same path, nothing left paused): {control_run['handler_bytes_per_run']:.0f} bytes per run"
     )
-    print(f"handler stopped: Restate holds {result['suspended_after_handler_stopped']} runs suspended")
+    print(
+        f"held per paused run: {held:.0f} bytes in the handler,"
+        f" {paused['restate_bytes_per_run'] - control_run['restate_bytes_per_run']:.0f} in restate-server"
+    )
+    print(f"handler stopped: Restate holds {paused['after_handler_stopped']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    ok = (
-        result["handler_median_batch_bytes_per_run"] <= args.max_bytes_per_run
-        and result["suspended_after_handler_stopped"] == last["paused"]
-    )
-    print("PASS" if ok else "FAIL: the handler's memory grows with paused runs, or runs were lost")
+        summary = {"protocol": args.protocol, "runs": args.runs, "concurrency": args.concurrency, "held": held}
+        args.json.write_text(json.dumps({**summary, **results}, indent=2) + "\n", encoding="utf-8")
+    ok = held <= args.max_bytes_per_run and paused["after_handler_stopped"] == {"suspended": last["runs"]}
+    print("PASS" if ok else "FAIL: the handler holds memory per paused run, or runs were lost")
     return 0 if ok else 1
 
 
