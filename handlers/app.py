@@ -1,4 +1,5 @@
-"""The one ASGI app: the Restate endpoint under `/restate`, the approval pages, and `/healthz`.
+"""The one ASGI app: the Restate endpoint under `/restate`, the approval pages, the Resend webhook and
+`/healthz`.
 
 Guarantee: any error a page handler did not expect becomes a uniform 500 page with no detail, and
 the Restate endpoint is exactly the SDK's (request identity keys applied when configured).
@@ -18,15 +19,17 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 
 from handlers.agent_run import agent_run
+from handlers.delivery import email_delivery
 from handlers.settings import Settings
 from handlers.web.pages import ApprovalPages, notice
 from handlers.web.runs_client import runs_client
+from handlers.web.webhooks import ResendWebhooks
 
 log = logging.getLogger("countersign.app")
 
 
 def restate_endpoint(settings: Settings) -> RestateAppT:
-    return restate.app(services=[agent_run], identity_keys=settings.restate_identity_keys or None)
+    return restate.app(services=[agent_run, email_delivery], identity_keys=settings.restate_identity_keys or None)
 
 
 async def healthz(_: Request) -> Response:
@@ -49,6 +52,7 @@ def create_app(settings: Settings) -> Starlette:
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
             *ApprovalPages(settings).routes(),
+            *ResendWebhooks(settings).routes(),
             Mount("/restate", app=restate_endpoint(settings)),
         ],
         lifespan=lifespan,

@@ -37,8 +37,14 @@ from handlers.verdict import (
 )
 
 _DIGEST_DOMAIN = b"countersign.action.v1\x00"
+# 5xx/lost connections back off 0.5 s doubling to 10 min (about 1.6 h over 20 attempts); 429s wait
+# Resend's retry-after; 6 h caps it all, far inside Resend's 24 h idempotency window.
 EMAIL_RETRIES = RunOptions[Any](
-    max_attempts=8, initial_retry_interval=timedelta(seconds=1), max_duration=timedelta(hours=6)
+    max_attempts=20,
+    initial_retry_interval=timedelta(milliseconds=500),
+    retry_interval_factor=2.0,
+    max_retry_interval=timedelta(minutes=10),
+    max_duration=timedelta(hours=6),
 )
 
 

@@ -6,6 +6,8 @@ else in the package reads `os.environ`.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 from pathlib import Path
 from typing import Annotated, Literal
@@ -28,6 +30,9 @@ class Settings(BaseSettings):
     resend_api_key: str | None = None
     resend_from: str = "Countersign <approvals@countersign.local>"
     resend_webhook_secret: str | None = None
+    resend_api_url: str | None = None
+    resend_timeout_seconds: float = Field(default=20.0, gt=0, le=50)
+    approvals_security_contact: str | None = Field(default=None, pattern=r"^[^@\s<>\"']{1,64}@[A-Za-z0-9.-]{1,190}$")
     restate_identity_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     model: str = "scripted"
     demo_db: Path = Path(".demo/business.db")
@@ -60,12 +65,27 @@ class Settings(BaseSettings):
             return [str(k) for k in raw]
         return [k.strip() for k in str(raw or "").split(",") if k.strip()]
 
-    @field_validator("approvals_public_url", "restate_ingress_url")
+    @field_validator("approvals_public_url", "restate_ingress_url", "resend_api_url")
     @classmethod
-    def _strip_slash(cls, url: str) -> str:
+    def _strip_slash(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
         if not url.startswith(("http://", "https://")):
             raise ValueError("must be an http(s) URL")
         return url.rstrip("/")
+
+    @field_validator("resend_webhook_secret")
+    @classmethod
+    def _check_webhook_secret(cls, secret: str | None) -> str | None:
+        if secret is None:
+            return None
+        try:
+            decoded = base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+        except binascii.Error:
+            decoded = b""
+        if len(decoded) < 16:
+            raise ValueError("must be the whsec_... signing secret of the Resend webhook (base64, >= 16 bytes)")
+        return secret
 
     @property
     def is_dev(self) -> bool:
