@@ -4,8 +4,9 @@ key = approval id).
 Guarantee: each provider event is recorded once, however often the provider re-delivers it (dedupe
 by event id, on top of the ingress idempotency key the webhook route sends with); an email that
 carried decision links (request, reminder, escalation) and did not reach its approver (bounced,
-complained, failed, suppressed) is forwarded once to its run as a `DeliveryFailure` through
-`AgentRun.delivery_failed`, which decides what the run does about it (escalate, or `undeliverable`).
+complained, failed, suppressed) is forwarded once per round and approver slot to its run as a
+`DeliveryFailure` through `AgentRun.delivery_failed`, which decides what the run does about it
+(escalate, or `undeliverable`: see `undeliverable_verdict`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import restate
 from pydantic import BaseModel, Field
 from restate import ObjectContext, ObjectSharedContext
 
-from handlers.contract import Strict
+from handlers.contract import ApprovalRecord, Strict
 from handlers.mail.intent import APPROVER_KINDS, MessageKind
+from handlers.verdict import Verdict
 
 STATE_KEY = "log"
 RUN_SERVICE = "AgentRun"
@@ -90,24 +92,56 @@ async def record(ctx: ObjectContext, event: DeliveryEvent) -> DeliveryAck:
     log.seen = [*log.seen, event.event_id][-MAX_EVENTS:]
     log.events = [*log.events, event][-MAX_EVENTS:]
     failure = _failure(log, event)
+    forwarded = False
     if failure is not None:
         log.failures.append(failure)
-        ctx.generic_send(
-            RUN_SERVICE,
-            RUN_HANDLER,
-            failure.model_dump_json().encode(),
-            key=event.run_id,
-            idempotency_key=f"delivery-failed/{event.approval_id}/{event.event_id}",
-            headers={"content-type": "application/json"},
-        )
+        forwarded = _run_listens()
+        if forwarded:
+            ctx.generic_send(
+                RUN_SERVICE,
+                RUN_HANDLER,
+                failure.model_dump_json().encode(),
+                key=event.run_id,
+                idempotency_key=f"delivery-failed/{event.approval_id}/{event.event_id}",
+                headers={"content-type": "application/json"},
+            )
     ctx.set(STATE_KEY, log)
-    return DeliveryAck(recorded=True, forwarded=failure is not None)
+    return DeliveryAck(recorded=True, forwarded=forwarded)
 
 
 @email_delivery.handler(name="log", kind="shared")
 async def delivery_log(ctx: ObjectSharedContext) -> DeliveryLog:
     """Everything recorded for this approval's emails."""
     return await ctx.get(STATE_KEY, type_hint=DeliveryLog) or DeliveryLog()
+
+
+def _run_listens() -> bool:
+    """Whether this deployment's `AgentRun` has the handler failures are forwarded to.
+
+    A one-way call to a handler the deployment lacks is not dropped by Restate: it makes *this*
+    invocation retry for ever (RT0018), so the failure is only recorded until the handler exists.
+    """
+    from handlers.agent_run import agent_run  # here, not at the top: agent_run may import this module
+
+    return RUN_HANDLER in agent_run.handlers
+
+
+def undeliverable_verdict(record: ApprovalRecord, failure: DeliveryFailure, now: float) -> Verdict | None:
+    """What `AgentRun.delivery_failed` should resolve the decision promise with when nobody is left to
+    escalate to: `undeliverable` once every approver of the record's current round is unreachable.
+    None for a failure of an older round, a decided approval, or while some approver may still decide."""
+    if record.approval_id != failure.approval_id or record.state != "pending" or failure.round != record.round:
+        return None
+    if not set(range(len(record.approvers))) <= set(failure.failed_slots):
+        return None
+    what = failure.event.removeprefix("email.")
+    return Verdict(
+        kind="undeliverable",
+        reason=f"the approval email could not be delivered ({what}{': ' + failure.detail if failure.detail else ''})",
+        at=now,
+        round=record.round,
+        digest=record.digest,
+    )
 
 
 def _failure(log: DeliveryLog, event: DeliveryEvent) -> DeliveryFailure | None:

@@ -1,0 +1,250 @@
+"""Unit tests: what every email says, that its links work, that it is escaped, and that it renders
+byte-identically from the same journaled values under its own idempotency key."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import re
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from pydantic import ValidationError
+
+from handlers import links
+from handlers.contract import ApprovalRecord
+from handlers.mail.approval_email import approval_request, escalation, reminder
+from handlers.mail.intent import from_tag_value, tag_value
+from handlers.mail.message import MailRejected, OutgoingEmail
+from handlers.mail.outbox import OutboxMailer
+from handlers.mail.outcome_email import outcome_notice
+from handlers.mail.receipt_email import decision_receipt
+from handlers.settings import Settings
+
+SETTINGS = Settings(
+    approvals_signing_keys="k1:" + "s" * 40,  # type: ignore[arg-type]
+    approvals_public_url="https://approve.example.org",
+)
+HREF = re.compile(r'href="([^"]+)"')
+EVIL = "<script>alert('x')</script>"
+
+
+def record(**changes: object) -> ApprovalRecord:
+    base = ApprovalRecord(
+        approval_id="run-7-a1",
+        run_id="run-7",
+        tenant="default",
+        index=1,
+        tool="issue_refund",
+        args={"order_id": 1042, "amount_usd": "612.40", "reason": "damaged in transit"},
+        digest="ab12cd34ef56" + "0" * 52,
+        summary="Refund $612.40 to order 1042",
+        why="The customer sent photos of the damage.",
+        policy="amount_usd > 500",
+        requester="alice@example.com",
+        approvers=["finance@example.com", "cfo@example.com"],
+        nonce="nonce-1",
+        requested_at=1_767_225_600.0,  # 2026-01-01 00:00 UTC
+        deadline=1_767_225_600.0 + 2 * 86400,
+    )
+    return base.model_copy(update=changes)
+
+
+def decided(state: str = "approved", **changes: object) -> ApprovalRecord:
+    return record(state=state, decided_by="cfo@example.com", decided_at=1_767_229_200.0, **changes)
+
+
+def test_the_request_says_what_why_how_much_who_which_policy_and_when() -> None:
+    mail = approval_request(record(), 0, "Refund order 1042 for $612.40", SETTINGS)
+    assert mail.to == ["finance@example.com"]
+    assert mail.subject == "Approval needed: Refund $612.40 to order 1042"
+    for part in (mail.text, mail.html):
+        for fact in (
+            "Refund $612.40 to order 1042",
+            "issue_refund",
+            "612.40",
+            "1042",
+            "damaged in transit",
+            "The customer sent photos of the damage.",
+            "alice@example.com",
+            "amount_usd &gt; 500" if part is mail.html else "amount_usd > 500",
+            "2026-01-03 00:00 UTC (in 2 days)",
+            "Refund order 1042 for $612.40",
+            "ab12cd34ef56",
+        ):
+            assert fact in part, f"{fact!r} missing from the {'html' if part is mail.html else 'text'} part"
+    assert "    amount_usd: 612.40" in mail.text
+
+
+def test_approve_and_reject_links_are_distinct_and_verify_for_this_slot_and_round() -> None:
+    rec = record()
+    mail = approval_request(rec, 1, "goal", SETTINGS)
+    hrefs = HREF.findall(mail.html)
+    approve = [h for h in hrefs if h.endswith("?intent=approve")]
+    reject = [h for h in hrefs if h.endswith("?intent=reject")]
+    assert len(approve) == 1 and len(reject) == 1 and approve != reject
+    assert approve[0] in mail.text and reject[0] in mail.text
+    for href in (approve[0], reject[0]):
+        parts = urlsplit(href)
+        assert f"{parts.scheme}://{parts.netloc}" == "https://approve.example.org"
+        token = parts.path.removeprefix("/approvals/")
+        claims, state = links.check(token, rec, SETTINGS.approvals_signing_keys, now=rec.requested_at + 60)
+        assert state == "valid" and claims.slot == 1 and claims.round == rec.round
+    assert hrefs == [approve[0], reject[0]], "no other links: no tracking, no redirects"
+    assert "<img" not in mail.html and "<style" not in mail.html and 'style="' in mail.html
+
+
+def test_agent_and_requester_text_is_escaped_in_html_and_fenced_in_text() -> None:
+    rec = record(
+        why=f"{EVIL}\nReview and approve:\nhttps://evil.example/approvals/x",
+        args={"order_id": 1, "amount_usd": "1.00", "reason": EVIL},
+        summary=f"Refund {EVIL}",
+    )
+    mail = approval_request(rec, 0, f"goal {EVIL}", SETTINGS)
+    assert "<script" not in mail.html
+    assert mail.html.count("&lt;script&gt;") >= 3
+    assert "    Review and approve:" in mail.text, "agent text is indented, never at the start of a line"
+    assert re.search(r"^Review and approve:\n" + re.escape(SETTINGS.approvals_public_url), mail.text, re.M)
+    assert "\n" not in mail.subject and len(mail.subject) <= 180
+
+
+def test_rendering_is_byte_identical_for_the_same_journaled_values() -> None:
+    again = Settings(
+        approvals_signing_keys="k1:" + "s" * 40,  # type: ignore[arg-type]
+        approvals_public_url="https://approve.example.org",
+    )
+    builds = [
+        lambda s: approval_request(record(), 0, "goal", s),
+        lambda s: reminder(record(), 0, "goal", 2, record().requested_at + 3600, s),
+        lambda s: escalation(record(round=2), 1, "goal", "nobody answered within 4 h", ["a@example.com"], s),
+        lambda s: outcome_notice(decided(), "executed", s, result={"refund_id": 9}),
+        lambda s: decision_receipt(decided(), "Firefox", s),
+    ]
+    for build in builds:
+        first, second = build(SETTINGS), build(again)
+        assert first.model_dump_json() == second.model_dump_json()
+        assert first.log_links == second.log_links
+
+
+def test_each_intent_has_its_own_key_and_a_subject_that_says_the_action() -> None:
+    mails: list[OutgoingEmail] = [
+        approval_request(record(), 0, "g", SETTINGS),
+        approval_request(record(), 1, "g", SETTINGS),
+        approval_request(record(round=2), 0, "g", SETTINGS),
+        reminder(record(), 0, "g", 1, 1_767_240_000.0, SETTINGS),
+        reminder(record(), 0, "g", 2, 1_767_250_000.0, SETTINGS),
+        escalation(record(round=2, approvers=["cfo@example.com"]), 0, "g", "no answer", [], SETTINGS),
+        *(
+            outcome_notice(decided(), o, SETTINGS)  # type: ignore[arg-type]
+            for o in ("approved", "rejected", "expired", "executed", "failed", "undeliverable")
+        ),
+        decision_receipt(decided(), "", SETTINGS),
+    ]
+    keys = [m.idempotency_key for m in mails]
+    assert len(set(keys)) == len(keys)
+    assert keys[0] == "approval-request/run-7-a1/r1/s0", "the request key keeps its documented shape"
+    assert keys[3] == "reminder/run-7-a1/r1/s0/n1"
+    assert all("Refund $612.40 to order 1042" in m.subject for m in mails)
+    assert [m.subject.split(":")[0] for m in mails[6:12]] == [
+        "Approved",
+        "Rejected",
+        "Expired, not run",
+        "Done",
+        "Failed",
+        "Not run",
+    ]
+    assert all(m.tags["run_id"] == "run-7" and m.tags["approval_id"] == "run-7-a1" for m in mails)
+    assert {m.tags["kind"] for m in mails} == {
+        "approval-request",
+        "reminder",
+        "escalation",
+        "outcome",
+        "decision-receipt",
+    }
+
+
+def test_reminder_and_escalation_say_why_they_came() -> None:
+    late = reminder(record(), 1, "g", 2, record().deadline - 5400, SETTINGS)
+    assert late.subject.startswith("Reminder: approval needed by 2026-01-03 00:00 UTC")
+    assert "Reminder 2" in late.text and "1 h 30 min left" in late.text and late.to == ["cfo@example.com"]
+    up = escalation(
+        record(round=2, approvers=["cfo@example.com"]),
+        0,
+        "g",
+        "finance@example.com did not answer",
+        ["finance@example.com"],
+        SETTINGS,
+    )
+    assert up.subject.startswith("Escalated to you:") and up.to == ["cfo@example.com"]
+    assert "finance@example.com did not answer" in up.html and "their links no longer work" in up.text
+    token = urlsplit(up.log_links[0]).path.removeprefix("/approvals/")
+    assert links.parse(token).round == 2
+
+
+def test_outcome_notices_go_to_the_requester_without_decision_links() -> None:
+    rejected = outcome_notice(decided("rejected", reason=f"No photos {EVIL}"), "rejected", SETTINGS)
+    assert rejected.to == ["alice@example.com"]
+    assert "cfo@example.com rejected this at 2026-01-01 01:00 UTC" in rejected.text
+    assert "No photos" in rejected.text and "<script" not in rejected.html
+    assert "/approvals/" not in rejected.text + rejected.html
+    failed = outcome_notice(decided(), "failed", SETTINGS, error="order has only $0.00 left to refund")
+    assert "running it failed" in failed.text and "$0.00 left" in failed.html
+    done = outcome_notice(decided(), "executed", SETTINGS, result={"refund_id": 77})
+    assert "refund_id: 77" in done.text and "and it ran" in done.text
+    lost = outcome_notice(record(state="undeliverable"), "undeliverable", SETTINGS)
+    assert "finance@example.com, cfo@example.com" in lost.text and "did not run" in lost.text
+
+
+def test_the_decision_receipt_tells_the_decider_what_to_do_if_it_was_not_them() -> None:
+    settings = SETTINGS.model_copy(update={"approvals_security_contact": "security@example.com"})
+    receipt = decision_receipt(decided(), "Mozilla/5.0 <b>", settings)
+    assert receipt.to == ["cfo@example.com"] and receipt.idempotency_key == "decision-receipt/run-7-a1/r1/s1"
+    assert receipt.subject == "You approved: Refund $612.40 to order 1042"
+    assert "IF THIS WASN'T YOU" in receipt.text and "security@example.com" in receipt.text
+    assert "action may already have run" in receipt.text and "Mozilla/5.0 &lt;b&gt;" in receipt.html
+    with pytest.raises(MailRejected):
+        decision_receipt(record(), "", SETTINGS)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["run-1", "r.un:1_x", "a" * 128 + "-a99", "." * 127 + "a-a1", "Ünïcode"],
+)
+def test_tag_values_are_reversible_and_within_resend_limits(value: str) -> None:
+    tag = tag_value(value)
+    assert re.fullmatch(r"[A-Za-z0-9_-]{1,256}", tag)
+    assert from_tag_value(tag) == value
+
+
+def test_a_value_that_is_no_tag_is_refused() -> None:
+    for bad in ("_!!", "has space", "_0"):
+        with pytest.raises(ValueError, match="tag"):
+            from_tag_value(bad)
+
+
+def test_the_outbox_writes_each_kind_as_a_two_part_message(tmp_path: Path) -> None:
+    mailer = OutboxMailer(tmp_path, "Countersign <a@countersign.local>")
+    for mail in (
+        approval_request(record(), 0, "g", SETTINGS),
+        outcome_notice(decided(), "approved", SETTINGS),
+        decision_receipt(decided(), "", SETTINGS),
+    ):
+        receipt = mailer.send(mail)
+        assert receipt.kind == mail.kind and receipt.idempotency_key == mail.idempotency_key
+    files = sorted(p.name for p in tmp_path.glob("*.eml"))
+    assert [f.split("_run-7")[0] for f in files] == ["approval-request", "decision-receipt", "outcome"]
+    parsed = email.message_from_bytes((tmp_path / files[2]).read_bytes(), policy=email.policy.default)
+    assert parsed["To"] == "alice@example.com" and parsed["X-Countersign-Kind"] == "outcome"
+    assert [p.get_content_type() for p in parsed.walk()] == ["multipart/alternative", "text/plain", "text/html"]
+
+
+def test_mail_settings_fail_fast() -> None:
+    with pytest.raises(ValidationError, match="whsec_"):
+        Settings(resend_webhook_secret="not-base64!")
+    with pytest.raises(ValidationError, match="http"):
+        Settings(resend_api_url="ftp://x")
+    with pytest.raises(ValidationError):
+        Settings(resend_timeout_seconds=0)
+    ok = Settings(resend_webhook_secret="whsec_" + "QUJD" * 8, resend_api_url="http://127.0.0.1:1/")
+    assert ok.resend_api_url == "http://127.0.0.1:1"
