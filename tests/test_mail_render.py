@@ -6,6 +6,7 @@ from __future__ import annotations
 import email
 import email.policy
 import re
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -114,7 +115,7 @@ def test_rendering_is_byte_identical_for_the_same_journaled_values() -> None:
         approvals_signing_keys="k1:" + "s" * 40,  # type: ignore[arg-type]
         approvals_public_url="https://approve.example.org",
     )
-    builds = [
+    builds: list[Callable[[Settings], OutgoingEmail]] = [
         lambda s: approval_request(record(), 0, "goal", s),
         lambda s: reminder(record(), 0, "goal", 2, record().requested_at + 3600, s),
         lambda s: escalation(record(round=2), 1, "goal", "nobody answered within 4 h", ["a@example.com"], s),
@@ -136,7 +137,7 @@ def test_each_intent_has_its_own_key_and_a_subject_that_says_the_action() -> Non
         reminder(record(), 0, "g", 2, 1_767_250_000.0, SETTINGS),
         escalation(record(round=2, approvers=["cfo@example.com"]), 0, "g", "no answer", [], SETTINGS),
         *(
-            outcome_notice(decided(), o, SETTINGS)  # type: ignore[arg-type]
+            outcome_notice(decided(), o, SETTINGS)
             for o in ("approved", "rejected", "expired", "executed", "failed", "undeliverable")
         ),
         decision_receipt(decided(), "", SETTINGS),
