@@ -156,44 +156,9 @@ class FakeResend:
         svix_id: str | None = None,
         timestamp: int | None = None,
         secret: str | None = None,
-        extra: dict[str, Any] | None = None,
     ) -> WebhookDelivery:
-        created = datetime.fromtimestamp(email.at, UTC).isoformat()
-        data: dict[str, Any] = {
-            "created_at": created,
-            "email_id": email.id,
-            "from": email.params["from"],
-            "to": email.to,
-            "subject": email.params["subject"],
-            "message_id": f"<{email.id}@resend.fake>",
-            "tags": email.tags,
-        }
-        if event_type == "email.bounced":
-            data["bounce"] = {
-                "message": f"The recipient's mail server rejected {email.to[0]}: mailbox does not exist.",
-                "subType": "General",
-                "type": "Permanent",
-            }
-        data.update(extra or {})
-        event = {"type": event_type, "created_at": datetime.now(UTC).isoformat(), "data": data}
-        body = json.dumps(event).encode()
-        return self.signed(body, svix_id=svix_id, timestamp=timestamp, secret=secret)
-
-    def signed(
-        self, body: bytes, *, svix_id: str | None = None, timestamp: int | None = None, secret: str | None = None
-    ) -> WebhookDelivery:
-        svix_id = svix_id or f"msg_{uuid.uuid4().hex}"
-        timestamp = int(time.time()) if timestamp is None else timestamp
-        key = base64.b64decode((secret or self.webhook_secret).removeprefix("whsec_"))
-        signed = f"{svix_id}.{timestamp}.".encode() + body
-        signature = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
-        headers = {
-            "svix-id": svix_id,
-            "svix-timestamp": str(timestamp),
-            "svix-signature": f"v1,{signature}",
-            "content-type": "application/json",
-        }
-        return WebhookDelivery(body=body, headers=headers)
+        """A signed delivery of `event_type` about `email`, as Resend would POST it."""
+        return signed(email_event(event_type, email), secret or self.webhook_secret, svix_id, timestamp)
 
     @staticmethod
     def post_webhook(url: str, delivery: WebhookDelivery) -> httpx.Response:
@@ -280,6 +245,42 @@ class FakeResend:
             if key is not None:
                 self._keys[(path, key)] = entry
             return entry, None
+
+
+def email_event(event_type: str, email: Accepted) -> bytes:
+    """The JSON body Resend sends for an event about one email (tags as a name → value object)."""
+    data: dict[str, Any] = {
+        "created_at": datetime.fromtimestamp(email.at, UTC).isoformat(),
+        "email_id": email.id,
+        "from": email.params["from"],
+        "to": email.to,
+        "subject": email.params["subject"],
+        "message_id": f"<{email.id}@resend.fake>",
+        "tags": email.tags,
+    }
+    if event_type == "email.bounced":
+        data["bounce"] = {
+            "message": f"The recipient's mail server rejected {email.to[0]}: mailbox does not exist.",
+            "subType": "General",
+            "type": "Permanent",
+        }
+    event = {"type": event_type, "created_at": datetime.now(UTC).isoformat(), "data": data}
+    return json.dumps(event).encode()
+
+
+def signed(body: bytes, secret: str, svix_id: str | None = None, timestamp: int | None = None) -> WebhookDelivery:
+    """`body` with Svix headers signed by `secret` (`whsec_<base64>`), as Resend signs webhooks."""
+    svix_id = svix_id or f"msg_{uuid.uuid4().hex}"
+    timestamp = int(time.time()) if timestamp is None else timestamp
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    signature = base64.b64encode(hmac.new(key, f"{svix_id}.{timestamp}.".encode() + body, hashlib.sha256).digest())
+    headers = {
+        "svix-id": svix_id,
+        "svix-timestamp": str(timestamp),
+        "svix-signature": f"v1,{signature.decode()}",
+        "content-type": "application/json",
+    }
+    return WebhookDelivery(body=body, headers=headers)
 
 
 def _invalid(item: Any) -> str | None:
