@@ -1,7 +1,8 @@
-"""One proposed tool call: validate it, ask the policy, then run it or hand it to the gate.
+"""The calls of one model turn: validate each, ask the policy, run or gate, report in order.
 
 Guarantee: an unknown tool or invalid arguments become an `invalid` outcome the model can read,
-never a crash; the policy's answer is journaled, so a policy-file change cannot re-route a replay.
+never a crash; the policy's answer is journaled, so a policy-file change cannot re-route a replay;
+the gated calls of one turn are asked together; every call gets a stable index `base + position`.
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ from pydantic import ValidationError
 
 from handlers.contract import ActionRecord, Outcome
 from handlers.execute import idempotency_key, run_tool
-from handlers.gate import approval_round
+from handlers.gate import GatedCall, approve_and_act
 from handlers.llm.base import ToolCall
 from handlers.policy import PolicyVerdict, evaluate
 from handlers.run_state import RunBook
 from handlers.tools import default_registry
 from handlers.tools.registry import validation_message
+
+
+class RunMustFail(Exception):
+    """A tool's policy says an unanswered approval fails the whole run."""
 
 
 def _policy_for(tool_name: str, args: dict[str, Any]) -> PolicyVerdict:
@@ -26,25 +31,30 @@ def _policy_for(tool_name: str, args: dict[str, Any]) -> PolicyVerdict:
     return evaluate(tool_name, tool.policy, args)
 
 
-async def handle_call(book: RunBook, call: ToolCall, index: int) -> ActionRecord:
-    tool = default_registry().get(call.name)
-    if tool is None:
-        known = ", ".join(default_registry().names())
-        return book.record_action(_invalid(call, index, f"unknown tool {call.name!r}; available: {known}"))
-    try:
-        validated = tool.validate(call.args)
-    except ValidationError as exc:
-        return book.record_action(_invalid(call, index, f"invalid arguments: {validation_message(exc)}"))
-    args = validated.model_dump(mode="json")
-
-    policy = await book.ctx.run_typed(f"policy {call.name} #{index}", _policy_for, tool_name=call.name, args=args)
-    if policy.gated:
-        action = await approval_round(book, call, args, index, policy, tool.summarize(validated))
-        return book.record_action(action)
-
-    run = await run_tool(book.ctx, call.name, args, index)
-    return book.record_action(
-        ActionRecord(
+async def handle_turn(book: RunBook, calls: list[ToolCall]) -> list[ActionRecord]:
+    """Every call of one turn, each with its outcome, in the order the model proposed them."""
+    base = len(book.state.actions)
+    done: dict[int, ActionRecord] = {}
+    gated: list[GatedCall] = []
+    for position, call in enumerate(calls):
+        index = base + position
+        tool = default_registry().get(call.name)
+        if tool is None:
+            known = ", ".join(default_registry().names())
+            done[index] = _invalid(call, index, f"unknown tool {call.name!r}; available: {known}")
+            continue
+        try:
+            validated = tool.validate(call.args)
+        except ValidationError as exc:
+            done[index] = _invalid(call, index, f"invalid arguments: {validation_message(exc)}")
+            continue
+        args = validated.model_dump(mode="json")
+        policy = await book.ctx.run_typed(f"policy {call.name} #{index}", _policy_for, tool_name=call.name, args=args)
+        if policy.gated:
+            gated.append(GatedCall(tool, call, args, index, policy, tool.summarize(validated)))
+            continue
+        run = await run_tool(book.ctx, call.name, args, index)
+        done[index] = ActionRecord(
             index=index,
             tool=call.name,
             proposed_args=args,
@@ -53,14 +63,21 @@ async def handle_call(book: RunBook, call: ToolCall, index: int) -> ActionRecord
             result=run.result if run.ok else {"error": run.error},
             idempotency_key=idempotency_key(book.state.run_id, index),
         )
-    )
+    failure = None
+    if gated:
+        for result in await approve_and_act(book, gated):
+            done[result.action.index] = result.action
+            if result.fail_run and failure is None:
+                failure = f"{result.action.tool} #{result.action.index}: {result.action.reason}"
+    actions = [done[base + position] for position in range(len(calls))]
+    book.state.actions.extend(actions)
+    book.save()
+    if failure:
+        raise RunMustFail(failure)
+    return actions
 
 
 def _invalid(call: ToolCall, index: int, message: str) -> ActionRecord:
     return ActionRecord(
-        index=index,
-        tool=call.name,
-        proposed_args=call.args,
-        outcome=Outcome.INVALID,
-        result={"error": message},
+        index=index, tool=call.name, proposed_args=call.args, outcome=Outcome.INVALID, result={"error": message}
     )

@@ -17,7 +17,7 @@ from restate import DurablePromise, RunOptions, TerminalError, WorkflowContext, 
 from restate.serde import Serde
 
 from handlers import links
-from handlers.actions import handle_call
+from handlers.actions import RunMustFail, handle_turn
 from handlers.contract import (
     ActionRecord,
     AgentTask,
@@ -31,19 +31,14 @@ from handlers.contract import (
     RunResult,
     RunStatus,
 )
+from handlers.edits import EditRejected, apply_edits
 from handlers.links import LinkInvalid, LinkState
 from handlers.llm import ModelUnavailable, check_model, load_model
 from handlers.llm.base import AssistantTurn, ToolResult, ToolSpec, Transcript
 from handlers.run_state import STATE_KEY, RunBook, RunState
 from handlers.settings import get_settings
 from handlers.tools import default_registry
-from handlers.verdict import (
-    CANCEL_PROMISE,
-    STATE_OF,
-    Verdict,
-    decision_promise,
-    is_already_completed,
-)
+from handlers.verdict import CANCEL_PROMISE, Verdict, is_already_completed, slot_promise
 
 RETENTION = timedelta(days=14)
 MODEL_RETRIES = RunOptions[Any](
@@ -142,11 +137,14 @@ async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
         if not reply.tool_calls:
             return _finish(book, "completed", reply.text)
         book.state.phase = "acting"
-        for call in reply.tool_calls:
-            action = await handle_call(book, call, len(book.state.actions))
+        try:
+            actions = await handle_turn(book, reply.tool_calls)
+        except RunMustFail as exc:
+            return _finish(book, "failed", f"Stopped: {exc}")
+        for call, action in zip(reply.tool_calls, actions, strict=True):
             transcript.turns.append(_tool_result(call.id, action))
-            if action.outcome is Outcome.CANCELLED:
-                return _finish(book, "cancelled", f"Cancelled while waiting for approval: {action.reason}")
+        if cancelled := [a for a in actions if a.outcome is Outcome.CANCELLED]:
+            return _finish(book, "cancelled", f"Cancelled while waiting for approval: {cancelled[0].reason}")
     return _finish(book, "failed", f"The agent did not finish within {get_settings().agent_max_turns} turns.")
 
 
@@ -158,6 +156,13 @@ def _tool_result(call_id: str, action: ActionRecord) -> ToolResult:
         content["reason"] = action.reason
     if action.result and "error" in action.result:
         content["error"] = action.result["error"]
+    if action.edits:
+        content["edited_by_approver"] = {
+            name: {"proposed": action.proposed_args.get(name), "approved": value}
+            for name, value in action.edits.items()
+        }
+    if action.decision_source == "deadline_default":
+        content["decided_by"] = "the deadline's default, not a person"
     return ToolResult(call_id=call_id, name=action.tool, outcome=action.outcome.value, content=content)
 
 
@@ -187,7 +192,11 @@ async def status(ctx: WorkflowSharedContext) -> RunStatus:
             tool=a.tool,
             args=a.args,
             digest=a.digest,
-            approvers=a.approvers,
+            approvers=[a.approvers[s] for s in a.active_slots],
+            quorum=a.quorum,
+            approvals=len(a.approvals_in_round()),
+            round=a.round,
+            escalated=a.escalations > 0,
             deadline=a.deadline,
             age_seconds=round(now - a.requested_at, 3),
         )
@@ -228,7 +237,7 @@ def _check_link(token: str, record: ApprovalRecord) -> LinkCheck:
 
 @agent_run.handler(name="decide")
 async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionReceipt:
-    """Record a person's verdict. Re-verifies the link token itself; the first completion wins."""
+    """Record one approver's verdict. Re-verifies the link token itself; the first completion wins."""
     try:
         claims = links.parse(decision.token)
     except LinkInvalid as exc:
@@ -243,7 +252,7 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
     if check.state == "invalid":
         raise TerminalError(check.reason, check.status)
 
-    promise = ctx.promise(decision_promise(record.approval_id), type_hint=Verdict)
+    promise = ctx.promise(slot_promise(record.approval_id, claims.round, claims.slot), type_hint=Verdict)
     if (winner := await promise.peek()) is not None:
         return _receipt(record, winner, accepted=False)
     if check.state == "replaced":
@@ -253,13 +262,16 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
     reason = decision.reason.strip()
     if decision.verdict == "reject" and not reason:
         raise TerminalError("A reason is required to reject.", 400)
+    edits = _checked_edits(record, decision)
     verdict = Verdict(
         kind=decision.verdict,
-        by=record.approvers[check.slot],
-        reason=reason or None,
-        at=check.now,
-        round=record.round,
+        slot=claims.slot,
+        round=claims.round,
         digest=record.digest,
+        at=check.now,
+        by=record.approvers[claims.slot],
+        reason=reason or None,
+        edits=edits or None,
         client=decision.client,
     )
     try:
@@ -271,15 +283,50 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
     return _receipt(record, verdict, accepted=True)
 
 
+def _checked_edits(record: ApprovalRecord, decision: Decision) -> dict[str, Any]:
+    """The fields the approver actually changed, validated; a 400 that decides nothing otherwise."""
+    proposed = {k: v for k, v in decision.edits.items() if str(record.args.get(k)) != v}
+    if not proposed:
+        return {}
+    if decision.verdict != "approve":
+        raise TerminalError("Edits go with an approval, not a rejection.", 400)
+    tool = default_registry().get(record.tool)
+    if tool is None or not record.editable:
+        raise TerminalError("This action cannot be edited.", 400)
+    try:
+        return apply_edits(tool, record.args, proposed)[1]
+    except EditRejected as exc:
+        raise TerminalError(str(exc), 400) from None
+
+
+_SLOT_STATE = {
+    "reject": "rejected",
+    "expire": "expired",
+    "cancel": "cancelled",
+    "escalate": "escalated",
+    "undeliverable": "undeliverable",
+}
+
+
 def _receipt(record: ApprovalRecord, verdict: Verdict, *, accepted: bool) -> DecisionReceipt:
     return DecisionReceipt(
         accepted=accepted,
         approval_id=record.approval_id,
-        state=STATE_OF[verdict.kind],
+        state=_slot_state(verdict),
         decided_by=verdict.by,
         decided_at=verdict.at,
         reason=verdict.reason,
+        edits=verdict.edits,
+        quorum=record.quorum,
     )
+
+
+def _slot_state(verdict: Verdict) -> str:
+    if verdict.kind == "approve":
+        return "approved_with_edits" if verdict.edits else "approved"
+    if verdict.kind == "close":
+        return verdict.closes_as or "closed"
+    return _SLOT_STATE[verdict.kind]
 
 
 @agent_run.handler(name="cancel")
@@ -294,8 +341,20 @@ async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelRe
     for record in state.approvals.values():
         if record.state != "pending":
             continue
-        verdict = Verdict(kind="cancel", reason=request.reason, at=now, round=record.round, digest=record.digest)
-        if await _complete(ctx.promise(decision_promise(record.approval_id), type_hint=Verdict), verdict):
+        won = False
+        for slot in record.active_slots:
+            verdict = Verdict(
+                kind="cancel",
+                slot=slot,
+                round=record.round,
+                digest=record.digest,
+                at=now,
+                reason=request.reason,
+                source="system",
+            )
+            promise = ctx.promise(slot_promise(record.approval_id, record.round, slot), type_hint=Verdict)
+            won = await _complete(promise, verdict) or won
+        if won:
             cancelled.append(record.approval_id)
     return CancelReceipt(run_id=ctx.key(), accepted=accepted, cancelled_approvals=cancelled)
 

@@ -21,8 +21,9 @@ from starlette.routing import Mount, Route
 from handlers.agent_run import agent_run
 from handlers.delivery import email_delivery
 from handlers.settings import Settings
-from handlers.web.pages import ApprovalPages, notice
+from handlers.web.pages import ApprovalPages
 from handlers.web.runs_client import runs_client
+from handlers.web.views import notice
 from handlers.web.webhooks import ResendWebhooks
 
 log = logging.getLogger("countersign.app")

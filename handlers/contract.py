@@ -39,6 +39,8 @@ class ScriptStep(Strict):
     tool: str = Field(min_length=1, max_length=64)
     args: dict[str, Any] = Field(default_factory=dict)
     why: str = Field(default="", max_length=2000)
+    if_rejected: ScriptStep | None = Field(default=None, description="proposed next if this call is rejected")
+    also: list[ScriptStep] = Field(default_factory=list, max_length=10, description="proposed in the same turn")
 
 
 class AgentTask(Strict):
@@ -65,14 +67,19 @@ class AgentTask(Strict):
         return self._refusal
 
 
+DecisionSource = Literal["human", "deadline_default", "system"]
+
+
 class ActionRecord(BaseModel):
-    """One proposed tool call and what became of it."""
+    """One proposed tool call and what became of it. `args` are the executed ones (None if not run)."""
 
     index: int
     tool: str
     proposed_args: dict[str, Any]
     args: dict[str, Any] | None = None
+    edits: dict[str, Any] | None = None
     outcome: Outcome
+    decision_source: DecisionSource | None = None
     approval_id: str | None = None
     approved_by: list[str] = Field(default_factory=list)
     reason: str | None = None
@@ -91,11 +98,36 @@ class RunResult(BaseModel):
 
 
 Phase = Literal["planning", "acting", "awaiting_approval", "completed", "failed", "cancelled"]
-ApprovalState = Literal["pending", "approved", "rejected", "expired", "cancelled", "undeliverable"]
+ApprovalState = Literal[
+    "pending",
+    "approved",
+    "approved_with_edits",
+    "rejected",
+    "expired",
+    "cancelled",
+    "superseded",
+    "undeliverable",
+    "failed",
+]
+
+
+class Vote(BaseModel):
+    """One approver slot's decision in one round."""
+
+    slot: int
+    round: int
+    kind: str
+    by: str | None = None
+    at: float
+    reason: str | None = None
 
 
 class ApprovalRecord(BaseModel):
-    """A frozen action waiting for (or past) a human decision. `digest` binds the exact arguments."""
+    """A frozen action waiting for (or past) a human decision. `digest` binds the exact arguments.
+
+    `approvers` are slots: escalation appends, never reorders, so a slot number stays one person.
+    `nonces[r - 1]` is round r's nonce; a new round (escalation, re-approval) makes older links stale.
+    """
 
     approval_id: str
     run_id: str
@@ -109,14 +141,33 @@ class ApprovalRecord(BaseModel):
     policy: str
     requester: str
     approvers: list[str]
+    quorum: int = 1
+    active_slots: list[int]
     round: int = 1
-    nonce: str
+    nonces: list[str]
     requested_at: float
+    round_started_at: float
     deadline: float
+    editable: dict[str, str] = Field(default_factory=dict)
+    batch: list[int] = Field(default_factory=list, description="indexes of the approvals asked together")
+    change_note: str | None = None
+    reminders_sent: int = 0
+    escalations: int = 0
+    votes: list[Vote] = Field(default_factory=list)
     state: ApprovalState = "pending"
+    decision_source: DecisionSource | None = None
     decided_by: str | None = None
     decided_at: float | None = None
     reason: str | None = None
+    approved_by: list[str] = Field(default_factory=list)
+    edits: dict[str, Any] | None = None
+
+    @property
+    def nonce(self) -> str:
+        return self.nonces[self.round - 1]
+
+    def approvals_in_round(self) -> list[Vote]:
+        return [v for v in self.votes if v.round == self.round and v.kind == "approve"]
 
 
 class PendingApproval(BaseModel):
@@ -125,6 +176,10 @@ class PendingApproval(BaseModel):
     args: dict[str, Any]
     digest: str
     approvers: list[str]
+    quorum: int
+    approvals: int
+    round: int
+    escalated: bool
     deadline: float
     age_seconds: float
 
@@ -149,18 +204,24 @@ class Decision(Strict):
     token: str = Field(min_length=10, max_length=400)
     verdict: Literal["approve", "reject"]
     reason: str = Field(default="", max_length=2000)
+    edits: dict[str, str] = Field(default_factory=dict, max_length=20)
     client: str = Field(default="", max_length=300)
 
 
 class DecisionReceipt(BaseModel):
-    """Output of `AgentRun.decide`. `accepted` is false when another completion won first."""
+    """Output of `AgentRun.decide`. `accepted` is false when another completion won first.
+
+    `state` is how this approver's decision point ended: approved, approved_with_edits, rejected,
+    expired, cancelled, escalated (handed to the next approver), superseded, undeliverable."""
 
     accepted: bool
     approval_id: str
-    state: ApprovalState
+    state: str
     decided_by: str | None = None
     decided_at: float | None = None
     reason: str | None = None
+    edits: dict[str, Any] | None = None
+    quorum: int = 1
 
 
 class CancelRequest(Strict):

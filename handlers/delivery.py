@@ -6,7 +6,7 @@ by event id, on top of the ingress idempotency key the webhook route sends with)
 carried decision links (request, reminder, escalation) and did not reach its approver (bounced,
 complained, failed, suppressed) is forwarded once per round and approver slot to its run as a
 `DeliveryFailure` through `AgentRun.delivery_failed`, which decides what the run does about it
-(escalate, or `undeliverable`: see `undeliverable_verdict`).
+(escalate, or `undeliverable`: see `slot_verdict`).
 """
 
 from __future__ import annotations
@@ -126,21 +126,25 @@ def _run_listens() -> bool:
     return RUN_HANDLER in agent_run.handlers
 
 
-def undeliverable_verdict(record: ApprovalRecord, failure: DeliveryFailure, now: float) -> Verdict | None:
-    """What `AgentRun.delivery_failed` should resolve the decision promise with when nobody is left to
-    escalate to: `undeliverable` once every approver of the record's current round is unreachable.
-    None for a failure of an older round, a decided approval, or while some approver may still decide."""
+def slot_verdict(record: ApprovalRecord, failure: DeliveryFailure, now: float) -> Verdict | None:
+    """What `AgentRun.delivery_failed` completes the failed slot's decision promise with: that approver
+    cannot decide (`undeliverable`, from the system). The waiting loop then escalates, waits for the
+    other approvers, or resolves the approval as `undeliverable` when nobody is left. None when the
+    failure is stale: another round, a decided approval, or a slot that is no longer asked or already voted."""
     if record.approval_id != failure.approval_id or record.state != "pending" or failure.round != record.round:
         return None
-    if not set(range(len(record.approvers))) <= set(failure.failed_slots):
+    voted = {v.slot for v in record.votes if v.round == record.round}
+    if failure.slot not in record.active_slots or failure.slot in voted:
         return None
     what = failure.event.removeprefix("email.")
     return Verdict(
         kind="undeliverable",
-        reason=f"the approval email could not be delivered ({what}{': ' + failure.detail if failure.detail else ''})",
-        at=now,
+        slot=failure.slot,
         round=record.round,
         digest=record.digest,
+        at=now,
+        reason=f"the approval email could not be delivered ({what}{': ' + failure.detail if failure.detail else ''})",
+        source="system",
     )
 
 

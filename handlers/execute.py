@@ -54,3 +54,30 @@ async def run_tool(ctx: WorkflowContext, tool_name: str, args: dict[str, Any], i
         if is_cancellation(exc):
             raise
         return ToolRun(ok=False, error=f"the tool kept failing and was given up: {exc}")
+
+
+def _precondition(tool_name: str, args: dict[str, Any], key: str) -> str | None:
+    tool = default_registry().get(tool_name)
+    if tool is None or tool.precondition is None:
+        return None
+    change: str | None = tool.precondition(tool.validate(args), EffectContext(get_settings().demo_db, key))
+    return change
+
+
+class Recheck(BaseModel):
+    change: str | None
+
+
+async def recheck(ctx: WorkflowContext, tool_name: str, args: dict[str, Any], index: int) -> str | None:
+    """The tool's precondition, as its own step right before execution: what changed, or None."""
+
+    def check() -> Recheck:
+        return Recheck(change=_precondition(tool_name, args, idempotency_key(ctx.key(), index)))
+
+    try:
+        result: Recheck = await ctx.run_typed(f"recheck {tool_name} #{index}", check, TOOL_RETRIES)
+    except TerminalError as exc:
+        if is_cancellation(exc):
+            raise
+        return f"could not re-check {tool_name} before running it: {exc.message}"
+    return result.change

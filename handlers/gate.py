@@ -1,9 +1,9 @@
-"""One approval round: freeze the action, email the approvers, wait, then act on the verdict.
+"""The gate: a model turn's gated calls are frozen, put to the approvers, and acted on.
 
-Guarantee: the action is frozen (canonical JSON + SHA-256 digest) before anyone is asked; the only
-thing that ends the wait is the approval's single decision promise (approve, reject, deadline,
-cancel or undeliverable, whichever completes it first); and the frozen arguments run only on an
-approve whose round and digest match the record, exactly once, under `<run_id>/<index>`.
+Guarantee: each action is frozen (canonical JSON + SHA-256 digest) before anyone is asked, and the
+calls of one turn are asked together (one email and one page per approver). Only an approval runs
+the frozen (or validated, edited) arguments, after a fresh precondition check, exactly once under
+`<run_id>/<index>`; when the world moved meanwhile the action is superseded (or asked again).
 """
 
 from __future__ import annotations
@@ -12,46 +12,55 @@ import hashlib
 import json
 import secrets
 import time
-from datetime import timedelta
+from dataclasses import dataclass
 from typing import Any
 
-import restate
 from pydantic import BaseModel
-from restate import RunOptions, TerminalError, WorkflowContext
 
 from handlers import links
-from handlers.contract import ActionRecord, ApprovalRecord, CancelRequest, Outcome
-from handlers.execute import idempotency_key, run_tool
+from handlers.contract import ActionRecord, ApprovalRecord, ApprovalState, Outcome
+from handlers.edits import EditRejected, apply_edits
+from handlers.execute import idempotency_key, recheck, run_tool
 from handlers.llm.base import ToolCall
-from handlers.mail.approval_email import send_approval_request
 from handlers.policy import PolicyVerdict
+from handlers.rounds import closing, open_round
 from handlers.run_state import RunBook
-from handlers.verdict import (
-    CANCEL_PROMISE,
-    STATE_OF,
-    Verdict,
-    VerdictKind,
-    decision_promise,
-    is_already_completed,
-    is_cancellation,
-)
+from handlers.tools.registry import Tool
+from handlers.verdict import Verdict, state_of
+from handlers.waiting import Waiter, wait_all
 
 _DIGEST_DOMAIN = b"countersign.action.v1\x00"
-# 5xx/lost connections back off 0.5 s doubling to 10 min (about 1.6 h over 20 attempts); 429s wait
-# Resend's retry-after; 6 h caps it all, far inside Resend's 24 h idempotency window.
-EMAIL_RETRIES = RunOptions[Any](
-    max_attempts=20,
-    initial_retry_interval=timedelta(milliseconds=500),
-    retry_interval_factor=2.0,
-    max_retry_interval=timedelta(minutes=10),
-    max_duration=timedelta(hours=6),
-)
+MAX_REAPPROVALS = 2
+_OUTCOME_OF: dict[ApprovalState, Outcome] = {
+    "approved": Outcome.APPROVED,
+    "approved_with_edits": Outcome.APPROVED_WITH_EDITS,
+    "rejected": Outcome.REJECTED,
+    "expired": Outcome.EXPIRED,
+    "cancelled": Outcome.CANCELLED,
+    "superseded": Outcome.SUPERSEDED,
+    "undeliverable": Outcome.UNDELIVERABLE,
+    "failed": Outcome.FAILED,
+}
 
 
-class Opening(BaseModel):
-    """Journaled facts of a new round: a nonce from a cryptographic source, and the time."""
+@dataclass(frozen=True)
+class GatedCall:
+    tool: Tool
+    call: ToolCall
+    args: dict[str, Any]
+    index: int
+    policy: PolicyVerdict
+    summary: str
 
-    nonce: str
+
+@dataclass
+class GateResult:
+    action: ActionRecord
+    fail_run: bool = False
+
+
+class _Openings(BaseModel):
+    nonces: list[str]
     now: float
 
 
@@ -64,112 +73,124 @@ def action_digest(run_id: str, index: int, tool: str, args: dict[str, Any]) -> s
     return hashlib.sha256(_DIGEST_DOMAIN + frozen.encode()).hexdigest()
 
 
-def _open_round() -> Opening:
-    return Opening(nonce=secrets.token_urlsafe(16), now=time.time())
+def _open(count: int) -> _Openings:
+    return _Openings(nonces=[secrets.token_urlsafe(16) for _ in range(count)], now=time.time())
 
 
-async def approval_round(
-    book: RunBook, call: ToolCall, args: dict[str, Any], index: int, policy: PolicyVerdict, summary: str
-) -> ActionRecord:
-    ctx = book.ctx
-    state = book.state
-    opening = await ctx.run_typed(f"open approval #{index}", _open_round)
-    record = ApprovalRecord(
-        approval_id=links.approval_id(state.run_id, index),
+async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateResult]:
+    """Ask about every call of one turn together, then act on each verdict in order."""
+    first = calls[0].index
+    name = f"open approval #{first}" if len(calls) == 1 else f"open approvals #{first}-#{calls[-1].index}"
+    opened = await book.ctx.run_typed(name, _open, count=len(calls))
+    batch = [c.index for c in calls] if len(calls) > 1 else []
+    waiters = []
+    for gated, nonce in zip(calls, opened.nonces, strict=True):
+        record = _freeze(book, gated, nonce, opened.now, batch)
+        book.state.approvals[record.approval_id] = record
+        waiters.append(Waiter(book, record, gated.policy.policy))
+    book.state.phase = "awaiting_approval"
+    book.save()
+    finals = await wait_all(book, waiters, "request")
+    return [await _act(book, gated, waiter, final) for gated, waiter, final in zip(calls, waiters, finals, strict=True)]
+
+
+def _freeze(book: RunBook, gated: GatedCall, nonce: str, now: float, batch: list[int]) -> ApprovalRecord:
+    state, policy = book.state, gated.policy.policy
+    return ApprovalRecord(
+        approval_id=links.approval_id(state.run_id, gated.index),
         run_id=state.run_id,
         tenant=state.tenant,
-        index=index,
-        tool=call.name,
-        args=args,
-        digest=action_digest(state.run_id, index, call.name, args),
-        summary=summary,
-        why=call.why,
-        policy=policy.rule,
+        index=gated.index,
+        tool=gated.call.name,
+        args=gated.args,
+        digest=action_digest(state.run_id, gated.index, gated.call.name, gated.args),
+        summary=gated.summary,
+        why=gated.call.why,
+        policy=gated.policy.rule,
         requester=state.requester,
-        approvers=policy.approvers,
-        nonce=opening.nonce,
-        requested_at=opening.now,
-        deadline=opening.now + policy.deadline_seconds,
+        approvers=list(policy.approvers),
+        quorum=policy.quorum,
+        active_slots=list(range(len(policy.approvers))),
+        nonces=[nonce],
+        requested_at=now,
+        round_started_at=now,
+        deadline=now + policy.deadline_seconds,
+        editable={n: rule.describe() for n, rule in gated.tool.editable.items()} if policy.quorum == 1 else {},
+        batch=batch,
     )
-    state.approvals[record.approval_id] = record
-    state.phase = "awaiting_approval"
-    book.save()
-
-    verdict = await _wait_for_verdict(ctx, record, await _notify(ctx, record, state.goal), opening.now)
-    record.state = STATE_OF[verdict.kind]
-    record.decided_by, record.decided_at, record.reason = verdict.by, verdict.at, verdict.reason
-    state.phase = "acting"
-    book.save()
-    return await _act(ctx, record, verdict)
 
 
-async def _notify(ctx: WorkflowContext, record: ApprovalRecord, goal: str) -> int:
-    """Email every approver; returns how many sends were accepted by the mail backend."""
-    delivered = 0
-    for slot in range(len(record.approvers)):
+async def _act(book: RunBook, gated: GatedCall, waiter: Waiter, final: Verdict) -> GateResult:
+    record, policy = waiter.record, gated.policy.policy
+    for attempt in range(MAX_REAPPROVALS + 1):
+        if final.kind != "approve":
+            return _finish(book, waiter, final)
         try:
-            await ctx.run_typed(
-                f"email approval #{record.index} round {record.round} slot {slot}",
-                send_approval_request,
-                EMAIL_RETRIES,
-                record,
-                slot,
-                goal,
-            )
-            delivered += 1
-        except TerminalError as exc:
-            if is_cancellation(exc):
-                raise
-    return delivered
+            executed, changed = apply_edits(gated.tool, record.args, final.edits or {})
+        except EditRejected as exc:
+            return _finish(book, waiter, final, failure=f"the approved edits are no longer valid: {exc}")
+        change = await recheck(book.ctx, record.tool, executed, record.index) if gated.tool.precondition else None
+        if change is None:
+            return await _execute(book, waiter, final, executed, changed)
+        if policy.on_superseded == "tell_model" or attempt == MAX_REAPPROVALS:
+            return _finish(book, waiter, closing(record, "close", final.at, change, "superseded"))
+        opening = await book.ctx.run_typed(f"reopen approval #{record.index}", open_round)
+        record.deadline = opening.now + policy.deadline_seconds
+        waiter.start_round(opening.nonce, opening.now, note=change)
+        [final] = await wait_all(book, [waiter], "reapproval")
+    raise AssertionError("unreachable: the last attempt always returns")
 
 
-async def _wait_for_verdict(ctx: WorkflowContext, record: ApprovalRecord, delivered: int, now: float) -> Verdict:
-    promise = ctx.promise(decision_promise(record.approval_id), type_hint=Verdict)
-    closing: Verdict | None = None
-    if delivered == 0:
-        closing = _closing(record, "undeliverable", now, "no approval email could be delivered")
-    elif await ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest).peek() is not None:
-        closing = _closing(record, "cancel", now, "the run was cancelled")
-    else:
-        match await restate.select(
-            decision=promise.value(), deadline=ctx.sleep(timedelta(seconds=max(0.0, record.deadline - now)))
-        ):
-            case ["decision", verdict]:
-                return verdict  # type: ignore[no-any-return]
-            case _:
-                closing = _closing(record, "expire", record.deadline, "the deadline passed without a decision")
-    try:
-        await promise.resolve(closing)
-    except TerminalError as exc:
-        if not is_already_completed(exc):
-            raise
-    return await promise.value()
+def _decided(book: RunBook, record: ApprovalRecord, final: Verdict, state: ApprovalState) -> None:
+    record.state = state
+    record.decision_source = final.source
+    record.decided_at = final.at
+    record.reason = final.reason
+    record.approved_by = sorted({v.by for v in record.approvals_in_round() if v.by})
+    record.decided_by = ", ".join(record.approved_by) if final.kind == "approve" and final.by else final.by
+    book.state.phase = "acting"
+    book.save()
 
 
-def _closing(record: ApprovalRecord, kind: VerdictKind, at: float, reason: str) -> Verdict:
-    return Verdict(kind=kind, by=None, reason=reason, at=at, round=record.round, digest=record.digest)
-
-
-async def _act(ctx: WorkflowContext, record: ApprovalRecord, verdict: Verdict) -> ActionRecord:
+def _finish(book: RunBook, waiter: Waiter, final: Verdict, failure: str | None = None) -> GateResult:
+    record = waiter.record
+    state: ApprovalState = "failed" if failure else state_of(final)
+    _decided(book, record, final, state)
     action = ActionRecord(
         index=record.index,
         tool=record.tool,
         proposed_args=record.args,
-        outcome=Outcome(STATE_OF[verdict.kind]),
+        outcome=_OUTCOME_OF[state],
+        decision_source=final.source,
         approval_id=record.approval_id,
-        reason=verdict.reason,
+        approved_by=record.approved_by,
+        reason=failure or final.reason,
     )
-    if verdict.kind != "approve":
-        return action
+    return GateResult(action, fail_run=final.kind == "expire" and waiter.policy.timeout_outcome == "fail")
+
+
+async def _execute(
+    book: RunBook, waiter: Waiter, final: Verdict, executed: dict[str, Any], changed: dict[str, Any]
+) -> GateResult:
+    record = waiter.record
     frozen_ok = action_digest(record.run_id, record.index, record.tool, record.args) == record.digest
-    if not frozen_ok or verdict.digest != record.digest or verdict.round != record.round:
-        action.outcome, action.reason = Outcome.FAILED, "the approval did not match the frozen action"
-        return action
-    run = await run_tool(ctx, record.tool, record.args, record.index)
-    action.args = record.args
-    action.approved_by = [verdict.by] if verdict.by else []
-    action.idempotency_key = idempotency_key(record.run_id, record.index)
-    action.result = run.result if run.ok else {"error": run.error}
-    if not run.ok:
-        action.outcome = Outcome.FAILED
-    return action
+    if not frozen_ok or final.digest != record.digest:
+        return _finish(book, waiter, final, failure="the approval did not match the frozen action")
+    record.edits = changed or None
+    _decided(book, record, final, "approved_with_edits" if changed else "approved")
+    run = await run_tool(book.ctx, record.tool, executed, record.index)
+    action = ActionRecord(
+        index=record.index,
+        tool=record.tool,
+        proposed_args=record.args,
+        args=executed,
+        edits=record.edits,
+        outcome=(Outcome.APPROVED_WITH_EDITS if changed else Outcome.APPROVED) if run.ok else Outcome.FAILED,
+        decision_source=final.source,
+        approval_id=record.approval_id,
+        approved_by=record.approved_by,
+        reason=final.reason,
+        idempotency_key=idempotency_key(record.run_id, record.index),
+        result=run.result if run.ok else {"error": run.error},
+    )
+    return GateResult(action)

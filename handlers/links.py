@@ -95,19 +95,23 @@ LinkState = Literal["valid", "expired", "replaced"]
 def check(token: str, record: ApprovalRecord, keys: dict[str, bytes], now: float) -> tuple[LinkClaims, LinkState]:
     """Authenticate the token against the record it points to.
 
-    Raises LinkInvalid unless the tag verifies. An authentic token may still be "expired" or
-    "replaced" (a newer round exists); callers decide what to show, e.g. "already decided".
+    Raises LinkInvalid unless the tag verifies (an older round's token verifies against that
+    round's nonce). An authentic token may still be "replaced" (a newer round exists) or "expired";
+    callers decide what to show, e.g. "already decided".
     """
     claims = parse(token)
     key = keys.get(claims.kid)
-    if key is None or claims.slot >= len(record.approvers) or claims.index != record.index:
-        raise LinkInvalid("This link is not valid.")
-    if claims.round != record.round:
-        return claims, "replaced"
+    invalid = LinkInvalid("This link is not valid.")
+    if key is None or claims.index != record.index or claims.slot >= len(record.approvers):
+        raise invalid
+    if not 1 <= claims.round <= record.round:
+        raise invalid
     if not hmac.compare_digest(_unb64(token.split(".")[3]), _tag(claims, record, key)):
-        raise LinkInvalid("This link is not valid.")
-    if claims.exp != expiry(record):
-        raise LinkInvalid("This link is not valid.")
+        raise invalid
+    if claims.round < record.round:
+        return claims, "replaced"
+    if claims.exp != expiry(record) or claims.slot not in record.active_slots:
+        raise invalid
     return claims, "expired" if now >= expiry(record) else "valid"
 
 
@@ -137,7 +141,7 @@ def _tag(claims: LinkClaims, record: ApprovalRecord, key: bytes) -> bytes:
             "approver": approver,
             "slot": claims.slot,
             "round": claims.round,
-            "nonce": record.nonce,
+            "nonce": record.nonces[claims.round - 1],
             "digest": record.digest,
             "exp": claims.exp,
         },

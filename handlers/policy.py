@@ -13,7 +13,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -39,7 +39,14 @@ class ToolPolicy(BaseModel):
     gated: bool = False
     when: str | None = None
     approvers: tuple[str, ...] = ()
+    quorum: int = Field(default=1, ge=1)
     deadline_seconds: int = Field(default=24 * 3600, ge=1, le=MAX_DEADLINE_SECONDS)
+    reminders_seconds: tuple[int, ...] = ()
+    escalate_after_seconds: int | None = Field(default=None, ge=1)
+    escalate_to: tuple[str, ...] = ()
+    timeout_outcome: Literal["deny", "allow", "fail"] = "deny"
+    low_risk: bool = False
+    on_superseded: Literal["reapprove", "tell_model"] = "reapprove"
 
     @field_validator("when")
     @classmethod
@@ -48,44 +55,55 @@ class ToolPolicy(BaseModel):
             raise ValueError(f"condition {when!r} must look like 'field > number'")
         return when
 
-    @field_validator("approvers")
+    @field_validator("approvers", "escalate_to")
     @classmethod
     def _check_approvers(cls, approvers: tuple[str, ...]) -> tuple[str, ...]:
         for approver in approvers:
             if not re.match(EMAIL_PATTERN, approver):
                 raise ValueError(f"approver {approver!r} is not an email address")
-        return approvers
+        normalized = tuple(a.lower() for a in approvers)
+        if len(set(normalized)) != len(normalized):
+            raise ValueError("the same person is listed twice (one person counts once)")
+        return normalized
 
     @model_validator(mode="after")
-    def _gated_needs_approvers(self) -> ToolPolicy:
+    def _consistent(self) -> ToolPolicy:
         if self.gated and not self.approvers:
             raise ValueError("a gated tool needs at least one approver")
+        if self.quorum > max(1, len(self.approvers)):
+            raise ValueError(f"quorum {self.quorum} needs at least {self.quorum} approvers")
+        if self.quorum > 1 and self.escalate_to:
+            raise ValueError("escalation is for single-approver tools (quorum 1)")
+        if self.escalate_to and not self.escalate_after_seconds:
+            raise ValueError("escalate_to needs escalate_after_seconds")
+        if self.timeout_outcome == "allow" and not self.low_risk:
+            raise ValueError("timeout_outcome 'allow' is only for tools marked low_risk")
+        if any(r <= 0 or r >= self.deadline_seconds for r in self.reminders_seconds):
+            raise ValueError(
+                f"reminders_seconds {list(self.reminders_seconds)} must fall between 0 and "
+                f"deadline_seconds {self.deadline_seconds} (set reminders_seconds = [] to have none)"
+            )
         return self
 
     def describe(self, tool: str) -> str:
         if not self.gated:
             return f"{tool}: autonomous"
         condition = f" when {self.when}" if self.when else " always"
-        return f"{tool}: needs approval{condition}"
+        who = f", {self.quorum} of {len(self.approvers)} approvers" if self.quorum > 1 else ""
+        return f"{tool}: needs approval{condition}{who}"
 
 
 class PolicyVerdict(BaseModel):
-    """The journaled answer for one call: gated or not, by whom, for how long, and why."""
+    """The journaled answer for one call: gated or not, and the whole deadline policy that applies."""
 
     gated: bool
-    approvers: list[str]
-    deadline_seconds: int
     rule: str
+    policy: ToolPolicy
 
 
 def evaluate(tool: str, policy: ToolPolicy, args: Mapping[str, Any]) -> PolicyVerdict:
     gated = policy.gated and (policy.when is None or _condition_holds(policy.when, args))
-    return PolicyVerdict(
-        gated=gated,
-        approvers=list(policy.approvers) if gated else [],
-        deadline_seconds=policy.deadline_seconds,
-        rule=policy.describe(tool),
-    )
+    return PolicyVerdict(gated=gated, rule=policy.describe(tool), policy=policy)
 
 
 def _condition_holds(when: str, args: Mapping[str, Any]) -> bool:

@@ -35,8 +35,3 @@ class RunBook:
 
     def save(self) -> None:
         self.ctx.set(STATE_KEY, self.state)
-
-    def record_action(self, action: ActionRecord) -> ActionRecord:
-        self.state.actions.append(action)
-        self.save()
-        return action

@@ -1,41 +1,39 @@
-"""The value that completes an approval's decision promise, and the promise names.
+"""The value that completes an approver slot's decision promise, and the promise names.
 
-Guarantee: approve, reject, expire, cancel and undeliverable all complete the *same* promise, so
-the first completion wins and every later one is refused by Restate.
+Guarantee: every way a slot can end (approve, reject, deadline, cancel, escalation, undeliverable,
+or closing after the approval was decided elsewhere) completes the *same* promise for that slot and
+round, so the first completion wins and every later one is refused by Restate.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from handlers.contract import ApprovalState
+from handlers.contract import ApprovalState, DecisionSource
 
 CANCEL_PROMISE = "cancel"
 
-VerdictKind = Literal["approve", "reject", "expire", "cancel", "undeliverable"]
-STATE_OF: dict[VerdictKind, ApprovalState] = {
-    "approve": "approved",
-    "reject": "rejected",
-    "expire": "expired",
-    "cancel": "cancelled",
-    "undeliverable": "undeliverable",
-}
+VerdictKind = Literal["approve", "reject", "expire", "cancel", "escalate", "undeliverable", "close"]
 
 
 class Verdict(BaseModel):
     kind: VerdictKind
-    by: str | None = None
-    reason: str | None = None
-    at: float
+    slot: int
     round: int
     digest: str
+    at: float
+    by: str | None = None
+    reason: str | None = None
+    edits: dict[str, Any] | None = None
+    source: DecisionSource = "human"
     client: str = ""
+    closes_as: ApprovalState | None = None
 
 
-def decision_promise(approval_id: str) -> str:
-    return f"decision:{approval_id}"
+def slot_promise(approval_id: str, round_: int, slot: int) -> str:
+    return f"decision:{approval_id}:r{round_}:s{slot}"
 
 
 def is_already_completed(exc: Exception) -> bool:
@@ -46,3 +44,20 @@ def is_already_completed(exc: Exception) -> bool:
 def is_cancellation(exc: Exception) -> bool:
     """A hard `restate invocations cancel`: must propagate, never be swallowed as a business error."""
     return getattr(exc, "status_code", None) == 409 and getattr(exc, "message", "") in ("cancelled", "killed")
+
+
+def state_of(final: Verdict) -> ApprovalState:
+    """The approval's state once `final` decided it."""
+    if final.closes_as is not None:
+        return final.closes_as
+    match final.kind:
+        case "approve":
+            return "approved_with_edits" if final.edits else "approved"
+        case "reject":
+            return "rejected"
+        case "expire":
+            return "expired"
+        case "cancel":
+            return "cancelled"
+        case _:
+            return "undeliverable"

@@ -22,7 +22,10 @@ def refund(order: int, amount: str = "900.00") -> dict[str, object]:
 @pytest.mark.slow
 def test_deadline_passes_and_the_action_expires(isolated_stack: StackFactory, tmp_path: Path) -> None:
     policy = tmp_path / "policy.toml"
-    policy.write_text('[tools.issue_refund]\ndeadline_seconds = 2\napprovers = ["night-shift@example.com"]\n')
+    policy.write_text(
+        "[tools.issue_refund]\ndeadline_seconds = 2\nreminders_seconds = []\nescalate_to = []\n"
+        'approvers = ["night-shift@example.com"]\n'
+    )
     stack = isolated_stack(app_env={"APPROVALS_POLICY_FILE": str(policy)})
     order = new_order(stack.db_path, 100000)
     stack.ingress.start_run("deadline", refund(order))

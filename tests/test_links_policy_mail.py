@@ -34,8 +34,10 @@ def record(**changes: object) -> ApprovalRecord:
         policy="p",
         requester="r@example.com",
         approvers=["a@example.com", "b@example.com"],
-        nonce="n1",
+        active_slots=[0, 1],
+        nonces=["n1"],
         requested_at=1000.0,
+        round_started_at=1000.0,
         deadline=2000.0,
     )
     return base.model_copy(update=changes)
@@ -55,7 +57,7 @@ def test_a_minted_token_checks_and_carries_no_personal_data() -> None:
         {"tenant": "other"},
         {"approval_id": "run-1-a3"},
         {"digest": "e" * 64},
-        {"nonce": "n2"},
+        {"nonces": ["n2"]},
         {"approvers": ["a@example.com", "mallory@example.com"]},
         {"deadline": 2500.0},
     ],
@@ -81,7 +83,10 @@ def test_expiry_rounds_and_key_rotation() -> None:
     token = links.mint(record(), 0, KEYS, "k0")
     assert links.check(token, record(), KEYS, now=1999.9)[1] == "valid"
     assert links.check(token, record(), KEYS, now=2000)[1] == "expired"
-    assert links.check(links.mint(record(round=2), 0, KEYS, "k1"), record(), KEYS, now=1500)[1] == "replaced"
+    older = links.mint(record(), 0, KEYS, "k1")
+    assert links.check(older, record(round=2, nonces=["n1", "n2"]), KEYS, now=1500)[1] == "replaced"
+    with pytest.raises(links.LinkInvalid):
+        links.check(links.mint(record(round=2, nonces=["n1", "n2"]), 0, KEYS, "k1"), record(), KEYS, now=1500)
     with pytest.raises(links.LinkInvalid):
         links.check(token, record(), {"k1": KEYS["k1"]}, now=1500)
 

@@ -86,7 +86,7 @@ def test_the_approval_email_goes_through_resend_once_and_its_link_decides(
     assert mail.params["from"] == "Countersign <approvals@countersign.example>"
     assert mail.tags == {
         "approval_id": tag_value(f"{run_id}-a0"),
-        "kind": "approval-request",
+        "kind": "request",
         "round": "1",
         "run_id": tag_value(run_id),
         "slot": "0",
@@ -96,12 +96,12 @@ def test_the_approval_email_goes_through_resend_once_and_its_link_decides(
     assert result["actions"][0]["outcome"] == "approved"
     assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 80000)]
 
-    receipt = journaled_result(stack.restate, run_id, "email approval #0 round 1 slot 0")
+    receipt = journaled_result(stack.restate, run_id, "email request #0 round 1 slot 0")
     assert receipt == {
         "backend": "resend",
         "message_id": mail.id,
         "idempotency_key": request_key(run_id),
-        "kind": "approval-request",
+        "kind": "request",
     }
     assert len(fake.requests_for(request_key(run_id))) == 1
 
@@ -141,21 +141,24 @@ def test_a_slow_5xx_and_lost_connection_storm_ends_in_one_email(
     assert len(fake.accepted_for(request_key(run_id))) == 1
 
 
-def test_a_final_refusal_is_not_retried_and_the_action_is_undeliverable(
+def test_a_final_refusal_is_not_retried_escalates_and_ends_undeliverable(
     stack: IsolatedStack, fake: FakeResend, run_id: str
 ) -> None:
-    fake.fail_next(Fault("reject", status=422, name="validation_error", message="Invalid `to` field."))
+    refused = Fault("reject", status=422, name="validation_error", message="Invalid `to` field.")
+    fake.fail_next(refused, refused)
     order = new_order(stack.db_path, 100000)
     stack.ingress.start_run(run_id, refund(order))
     result = stack.ingress.wait_output(run_id, timeout=30).json()
     action = result["actions"][0]
     assert action["outcome"] == "undeliverable"
     assert "no approval email could be delivered" in action["reason"]
-    assert [t.status for t in fake.requests_for(request_key(run_id))] == [422]
-    failure = journaled_completion(stack.restate, run_id, "email approval #0 round 1 slot 0")["Failure"]
+    escalation_key = f"approval-escalation/{run_id}-a0/r2/s1"
+    assert [t.status for t in fake.requests_for(request_key(run_id))] == [422], "a refusal is never retried"
+    assert [t.status for t in fake.requests_for(escalation_key)] == [422], "the demo policy escalates once"
+    assert fake.accepted_for(request_key(run_id)) == fake.accepted_for(escalation_key) == []
+    failure = journaled_completion(stack.restate, run_id, "email request #0 round 1 slot 0")["Failure"]
     assert failure["code"] == 422
     assert failure["message"] == "email not sent: Resend answered 422 validation_error: Invalid `to` field."
-    assert fake.accepted_for(request_key(run_id)) == []
     assert refunds_for(stack.db_path, run_id) == []
 
 
@@ -164,7 +167,7 @@ def test_a_crash_after_resend_accepted_but_before_the_journal_sends_one_email(
     isolated_stack: StackFactory, tmp_path: Path
 ) -> None:
     with FakeResend.running() as fake:
-        stack = isolated_stack(app_env={**resend_env(fake), "COUNTERSIGN_FAULT": "crash-after-send:approval-request"})
+        stack = isolated_stack(app_env={**resend_env(fake), "COUNTERSIGN_FAULT": "crash-after-send:request"})
         order = new_order(stack.db_path, 100000)
         stack.ingress.start_run("crash-mail", refund(order))
         first = wait_accepted(fake, request_key("crash-mail"))
@@ -178,7 +181,7 @@ def test_a_crash_after_resend_accepted_but_before_the_journal_sends_one_email(
         assert [t.status for t in fake.requests_for(request_key("crash-mail"))] == [200, 200]
         assert fake.accepted == [first], "Resend deduplicated the retry: exactly one email"
 
-        receipt = journaled_result(stack.restate, "crash-mail", "email approval #0 round 1 slot 0")
+        receipt = journaled_result(stack.restate, "crash-mail", "email request #0 round 1 slot 0")
         assert receipt["message_id"] == first.id
         assert submit(link_of(first), "approve").status_code == 200
         assert stack.ingress.wait_output("crash-mail", timeout=60).json()["actions"][0]["outcome"] == "approved"

@@ -14,8 +14,8 @@ import pytest
 from pydantic import ValidationError
 
 from handlers import links
-from handlers.contract import ApprovalRecord
-from handlers.mail.approval_email import approval_request, escalation, reminder
+from handlers.contract import ApprovalRecord, Vote
+from handlers.mail.approval_email import approval_request, batch_request
 from handlers.mail.intent import from_tag_value, tag_value
 from handlers.mail.message import MailRejected, OutgoingEmail
 from handlers.mail.outbox import OutboxMailer
@@ -45,15 +45,30 @@ def record(**changes: object) -> ApprovalRecord:
         policy="amount_usd > 500",
         requester="alice@example.com",
         approvers=["finance@example.com", "cfo@example.com"],
-        nonce="nonce-1",
+        active_slots=[0, 1],
+        nonces=["nonce-1"],
         requested_at=1_767_225_600.0,  # 2026-01-01 00:00 UTC
+        round_started_at=1_767_225_600.0,
         deadline=1_767_225_600.0 + 2 * 86400,
     )
     return base.model_copy(update=changes)
 
 
 def decided(state: str = "approved", **changes: object) -> ApprovalRecord:
-    return record(state=state, decided_by="cfo@example.com", decided_at=1_767_229_200.0, **changes)
+    kind = "reject" if state == "rejected" else "approve"
+    reason = changes.get("reason")
+    vote = Vote(
+        slot=1, round=1, kind=kind, by="cfo@example.com", at=1_767_229_200.0, reason=str(reason) if reason else None
+    )
+    return record(state=state, decided_by="cfo@example.com", decided_at=1_767_229_200.0, votes=[vote], **changes)
+
+
+def reminder(rec: ApprovalRecord, slot: int, goal: str, number: int, at: float, settings: Settings) -> OutgoingEmail:
+    return approval_request(rec.model_copy(update={"reminders_sent": number}), slot, goal, settings, "reminder", at)
+
+
+def escalation(rec: ApprovalRecord, slot: int, goal: str, reason: str, settings: Settings) -> OutgoingEmail:
+    return approval_request(rec, slot, goal, settings, "escalation", None, reason)
 
 
 def test_the_request_says_what_why_how_much_who_which_policy_and_when() -> None:
@@ -118,9 +133,10 @@ def test_rendering_is_byte_identical_for_the_same_journaled_values() -> None:
     builds: list[Callable[[Settings], OutgoingEmail]] = [
         lambda s: approval_request(record(), 0, "goal", s),
         lambda s: reminder(record(), 0, "goal", 2, record().requested_at + 3600, s),
-        lambda s: escalation(record(round=2), 1, "goal", "nobody answered within 4 h", ["a@example.com"], s),
+        lambda s: escalation(record(round=2, nonces=["n1", "n2"]), 1, "goal", "nobody answered within 4 h", s),
+        lambda s: batch_request([record(), record(index=2, approval_id="run-7-a2")], [0, 0], "goal", s),
         lambda s: outcome_notice(decided(), "executed", s, result={"refund_id": 9}),
-        lambda s: decision_receipt(decided(), "Firefox", s),
+        lambda s: decision_receipt(decided(), 1, "Firefox", s),
     ]
     for build in builds:
         first, second = build(SETTINGS), build(again)
@@ -132,37 +148,35 @@ def test_each_intent_has_its_own_key_and_a_subject_that_says_the_action() -> Non
     mails: list[OutgoingEmail] = [
         approval_request(record(), 0, "g", SETTINGS),
         approval_request(record(), 1, "g", SETTINGS),
-        approval_request(record(round=2), 0, "g", SETTINGS),
+        approval_request(record(round=2, nonces=["n1", "n2"]), 0, "g", SETTINGS),
         reminder(record(), 0, "g", 1, 1_767_240_000.0, SETTINGS),
         reminder(record(), 0, "g", 2, 1_767_250_000.0, SETTINGS),
-        escalation(record(round=2, approvers=["cfo@example.com"]), 0, "g", "no answer", [], SETTINGS),
+        escalation(record(round=2, nonces=["n1", "n2"], active_slots=[1]), 1, "g", "no answer", SETTINGS),
+        approval_request(record(round=2, nonces=["n1", "n2"]), 0, "g", SETTINGS, "reapproval"),
         *(
             outcome_notice(decided(), o, SETTINGS)
-            for o in ("approved", "rejected", "expired", "executed", "failed", "undeliverable")
+            for o in ("approved", "rejected", "expired", "executed", "failed", "undeliverable", "superseded")
         ),
-        decision_receipt(decided(), "", SETTINGS),
+        decision_receipt(decided(), 1, "", SETTINGS),
     ]
     keys = [m.idempotency_key for m in mails]
     assert len(set(keys)) == len(keys)
     assert keys[0] == "approval-request/run-7-a1/r1/s0", "the request key keeps its documented shape"
-    assert keys[3] == "reminder/run-7-a1/r1/s0/n1"
+    assert keys[3] == "approval-reminder/run-7-a1/r1/s0/n1" and keys[5] == "approval-escalation/run-7-a1/r2/s1"
+    assert keys[-1] == "approval-receipt/run-7-a1/r1/s1" and keys[7] == "approval-outcome/run-7-a1/r1/approved"
     assert all("Refund $612.40 to order 1042" in m.subject for m in mails)
-    assert [m.subject.split(":")[0] for m in mails[6:12]] == [
+    assert [m.subject.split(":")[0] for m in mails[6:14]] == [
+        "Approve again",
         "Approved",
         "Rejected",
         "Expired, not run",
         "Done",
         "Failed",
         "Not run",
+        "Not run, things changed",
     ]
     assert all(m.tags["run_id"] == "run-7" and m.tags["approval_id"] == "run-7-a1" for m in mails)
-    assert {m.tags["kind"] for m in mails} == {
-        "approval-request",
-        "reminder",
-        "escalation",
-        "outcome",
-        "decision-receipt",
-    }
+    assert {m.tags["kind"] for m in mails} == {"request", "reminder", "escalation", "reapproval", "outcome", "receipt"}
 
 
 def test_reminder_and_escalation_say_why_they_came() -> None:
@@ -170,17 +184,26 @@ def test_reminder_and_escalation_say_why_they_came() -> None:
     assert late.subject.startswith("Reminder: approval needed by 2026-01-03 00:00 UTC")
     assert "Reminder 2" in late.text and "1 h 30 min left" in late.text and late.to == ["cfo@example.com"]
     up = escalation(
-        record(round=2, approvers=["cfo@example.com"]),
-        0,
-        "g",
-        "finance@example.com did not answer",
-        ["finance@example.com"],
-        SETTINGS,
+        record(round=2, nonces=["n1", "n2"], active_slots=[1]), 1, "g", "finance@example.com did not answer", SETTINGS
     )
     assert up.subject.startswith("Escalated to you:") and up.to == ["cfo@example.com"]
+    assert "It was first sent to finance@example.com" in up.text
     assert "finance@example.com did not answer" in up.html and "their links no longer work" in up.text
     token = urlsplit(up.log_links[0]).path.removeprefix("/approvals/")
     assert links.parse(token).round == 2
+
+
+def test_a_batch_email_lists_every_action_behind_one_link_for_this_approver() -> None:
+    second = record(index=2, approval_id="run-7-a2", summary="Refund $800.00 to order 1043", args={"order_id": 1043})
+    mail = batch_request([record(), second], [1, 1], "Refund both", SETTINGS)
+    assert mail.to == ["cfo@example.com"] and mail.kind == "batch"
+    assert mail.subject == "Approval needed: 2 actions (Refund $612.40 to order 1042, …)"
+    for part in (mail.text, mail.html):
+        assert "Refund $612.40 to order 1042" in part and "Refund $800.00 to order 1043" in part and "1043" in part
+    assert mail.idempotency_key == "approval-batch/run-7-a1/r1/s1" and mail.tags["items"] == "1s1-2s1"
+    assert HREF.findall(mail.html) == mail.log_links and mail.log_links[0] in mail.text
+    token = urlsplit(mail.log_links[0]).path.removeprefix("/approvals/")
+    assert links.check(token, record(), SETTINGS.approvals_signing_keys, now=record().requested_at)[0].slot == 1
 
 
 def test_outcome_notices_go_to_the_requester_without_decision_links() -> None:
@@ -199,13 +222,15 @@ def test_outcome_notices_go_to_the_requester_without_decision_links() -> None:
 
 def test_the_decision_receipt_tells_the_decider_what_to_do_if_it_was_not_them() -> None:
     settings = SETTINGS.model_copy(update={"approvals_security_contact": "security@example.com"})
-    receipt = decision_receipt(decided(), "Mozilla/5.0 <b>", settings)
-    assert receipt.to == ["cfo@example.com"] and receipt.idempotency_key == "decision-receipt/run-7-a1/r1/s1"
+    receipt = decision_receipt(decided(), 1, "Mozilla/5.0 <b>", settings)
+    assert receipt.to == ["cfo@example.com"] and receipt.idempotency_key == "approval-receipt/run-7-a1/r1/s1"
     assert receipt.subject == "You approved: Refund $612.40 to order 1042"
     assert "IF THIS WASN'T YOU" in receipt.text and "security@example.com" in receipt.text
     assert "action may already have run" in receipt.text and "Mozilla/5.0 &lt;b&gt;" in receipt.html
     with pytest.raises(MailRejected):
-        decision_receipt(record(), "", SETTINGS)
+        decision_receipt(decided(), 0, "", SETTINGS)
+    rejected = decision_receipt(decided("rejected"), 1, "", SETTINGS)
+    assert rejected.subject.startswith("You rejected:") and "may already have run" not in rejected.text
 
 
 @pytest.mark.parametrize(
@@ -229,13 +254,13 @@ def test_the_outbox_writes_each_kind_as_a_two_part_message(tmp_path: Path) -> No
     for mail in (
         approval_request(record(), 0, "g", SETTINGS),
         outcome_notice(decided(), "approved", SETTINGS),
-        decision_receipt(decided(), "", SETTINGS),
+        decision_receipt(decided(), 1, "", SETTINGS),
     ):
         receipt = mailer.send(mail)
         assert receipt.kind == mail.kind and receipt.idempotency_key == mail.idempotency_key
     files = sorted(p.name for p in tmp_path.glob("*.eml"))
-    assert [f.split("_run-7")[0] for f in files] == ["approval-request", "decision-receipt", "outcome"]
-    parsed = email.message_from_bytes((tmp_path / files[2]).read_bytes(), policy=email.policy.default)
+    assert [f.split("_run-7")[0] for f in files] == ["approval-outcome", "approval-receipt", "approval-request"]
+    parsed = email.message_from_bytes((tmp_path / files[0]).read_bytes(), policy=email.policy.default)
     assert parsed["To"] == "alice@example.com" and parsed["X-Countersign-Kind"] == "outcome"
     assert [p.get_content_type() for p in parsed.walk()] == ["multipart/alternative", "text/plain", "text/html"]
 

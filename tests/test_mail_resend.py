@@ -31,14 +31,14 @@ def fake() -> Iterator[FakeResend]:
 
 def message(key: str = "approval-request/r-a0/r1/s0", **changes: object) -> OutgoingEmail:
     base = OutgoingEmail(
-        kind="approval-request",
+        kind="request",
         to=["finance@example.com"],
         subject="Approval needed: Refund $612.40 to order 1042",
         text="text part",
         html="<p>html part</p>",
         idempotency_key=key,
         sent_at=1000.0,
-        tags={"run_id": "r", "approval_id": "r-a0", "kind": "approval-request"},
+        tags={"run_id": "r", "approval_id": "r-a0", "kind": "request"},
     )
     return base.model_copy(update=changes)
 
@@ -88,9 +88,9 @@ def test_the_fake_validates_like_resend(fake: FakeResend) -> None:
 def test_one_send_carries_the_key_the_tags_and_records_the_provider_id(fake: FakeResend) -> None:
     receipt = mailer(fake).send(message())
     [accepted] = fake.accepted
-    assert receipt.message_id == accepted.id and receipt.backend == "resend" and receipt.kind == "approval-request"
+    assert receipt.message_id == accepted.id and receipt.backend == "resend" and receipt.kind == "request"
     assert accepted.idempotency_key == "approval-request/r-a0/r1/s0"
-    assert accepted.tags == {"approval_id": "r-a0", "kind": "approval-request", "run_id": "r"}
+    assert accepted.tags == {"approval_id": "r-a0", "kind": "request", "run_id": "r"}
     assert accepted.params["from"] == SENDER and accepted.to == ["finance@example.com"]
     assert accepted.params["html"] == "<p>html part</p>" and accepted.params["text"] == "text part"
 

@@ -20,8 +20,8 @@ from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, free_port, wait_until
 
 from handlers.agent_run import agent_run
-from handlers.contract import ApprovalRecord
-from handlers.delivery import RUN_HANDLER, DeliveryFailure, undeliverable_verdict
+from handlers.contract import ApprovalRecord, Vote
+from handlers.delivery import RUN_HANDLER, DeliveryFailure, slot_verdict
 from handlers.mail.intent import tag_value
 from handlers.settings import Settings
 from handlers.web.webhooks import ResendWebhooks
@@ -29,7 +29,7 @@ from handlers.web.webhooks import ResendWebhooks
 SECRET = "whsec_" + "c2VjcmV0LXNlY3JldC1zZWNyZXQtMTIzNDU2Nzg5MA=="
 
 
-def our_email(run_id: str = "run-1", kind: str = "approval-request", slot: str | None = "0") -> Accepted:
+def our_email(run_id: str = "run-1", kind: str = "request", slot: str | None = "0") -> Accepted:
     tags = [
         {"name": "kind", "value": kind},
         {"name": "run_id", "value": tag_value(run_id)},
@@ -123,8 +123,10 @@ def pending_record(**changes: object) -> ApprovalRecord:
         policy="p",
         requester="r@example.com",
         approvers=["a@example.com", "b@example.com"],
-        nonce="n",
+        active_slots=[0, 1],
+        nonces=["n"],
         requested_at=1.0,
+        round_started_at=1.0,
         deadline=2.0,
     )
     return base.model_copy(update=changes)
@@ -136,7 +138,7 @@ def failure(slots: list[int], round_: int = 1) -> DeliveryFailure:
         approval_id="run-1-a0",
         round=round_,
         slot=slots[-1],
-        kind="approval-request",
+        kind="request",
         event="email.bounced",
         email_id="em",
         detail="Permanent General: mailbox does not exist",
@@ -144,16 +146,24 @@ def failure(slots: list[int], round_: int = 1) -> DeliveryFailure:
     )
 
 
-def test_undeliverable_only_once_every_approver_of_the_current_round_is_unreachable() -> None:
-    assert undeliverable_verdict(pending_record(), failure([0]), now=5.0) is None
-    verdict = undeliverable_verdict(pending_record(), failure([0, 1]), now=5.0)
-    assert verdict is not None and verdict.kind == "undeliverable" and verdict.round == 1 and verdict.at == 5.0
+def test_a_failure_ends_only_that_approvers_slot_of_the_current_round() -> None:
+    verdict = slot_verdict(pending_record(), failure([1]), now=5.0)
+    assert verdict is not None and (verdict.kind, verdict.slot, verdict.round, verdict.at) == (
+        "undeliverable",
+        1,
+        1,
+        5.0,
+    )
+    assert verdict.source == "system" and verdict.digest == "d" * 64
     assert (
         verdict.reason
         == "the approval email could not be delivered (bounced: Permanent General: mailbox does not exist)"
     )
-    assert undeliverable_verdict(pending_record(round=2), failure([0, 1]), now=5.0) is None, "an older round"
-    assert undeliverable_verdict(pending_record(state="approved"), failure([0, 1]), now=5.0) is None
+    assert slot_verdict(pending_record(round=2, nonces=["n", "m"]), failure([1]), now=5.0) is None, "an older round"
+    assert slot_verdict(pending_record(state="approved"), failure([1]), now=5.0) is None
+    assert slot_verdict(pending_record(active_slots=[0]), failure([1]), now=5.0) is None, "no longer asked"
+    voted = pending_record(votes=[Vote(slot=1, round=1, kind="reject", by="b@example.com", at=3.0)])
+    assert slot_verdict(voted, failure([1]), now=5.0) is None, "already decided"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -168,7 +178,10 @@ def fake() -> Iterator[FakeResend]:
 
 @pytest.fixture(scope="module")
 def stack(fake: FakeResend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[IsolatedStack]:
-    with resend_stack(tmp_path_factory.mktemp("webhook-stack"), fake) as started:
+    root = tmp_path_factory.mktemp("webhook-stack")
+    policy = root / "policy.toml"
+    policy.write_text("[tools.issue_refund]\nescalate_to = []\n")  # nobody to escalate a bounce to
+    with resend_stack(root, fake, {"APPROVALS_POLICY_FILE": str(policy)}) as started:
         yield started
 
 
@@ -211,7 +224,7 @@ def test_a_delivered_event_is_recorded_once_however_often_it_arrives(
 
     [event] = wait_until(recorded, 30, "the event to be recorded")
     assert event["type"] == "email.delivered" and event["email_id"] == mail.id
-    assert (event["kind"], event["run_id"], event["round"], event["slot"]) == ("approval-request", run_id, 1, 0)
+    assert (event["kind"], event["run_id"], event["round"], event["slot"]) == ("request", run_id, 1, 0)
     records = stack.restate.sql(
         "select id from sys_invocation where target_service_name = 'EmailDelivery'"
         f" and target_service_key = '{run_id}-a0' and target_handler_name = 'record'"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from handlers.contract import ScriptStep
-from handlers.llm.base import AssistantTurn, ToolCall, ToolSpec, Transcript
+from handlers.llm.base import AssistantTurn, ToolCall, ToolResult, ToolSpec, Transcript
 
 _REFUND = re.compile(r"refund\s+order\s+#?(\d+)\s+for\s+\$?(\d+(?:\.\d{1,2})?)", re.IGNORECASE)
 _DELETE = re.compile(r"delete\s+customer\s+(c_\d+)", re.IGNORECASE)
@@ -23,11 +23,31 @@ class ScriptedModel:
 
     def next_turn(self, transcript: Transcript, tools: list[ToolSpec]) -> AssistantTurn:
         steps = self._script if self._script is not None else plan(transcript.goal)
-        done = len(transcript.results())
-        if done < len(steps):
-            step = steps[done]
-            return AssistantTurn(tool_calls=[ToolCall(id=f"call_{done}", name=step.tool, args=step.args, why=step.why)])
-        return AssistantTurn(text=answer(transcript))
+        results = transcript.results()
+        group = next_group(steps, results)
+        if not group:
+            return AssistantTurn(text=answer(transcript))
+        calls = [
+            ToolCall(id=f"call_{len(results) + k}", name=step.tool, args=step.args, why=step.why)
+            for k, step in enumerate(group)
+        ]
+        return AssistantTurn(tool_calls=calls)
+
+
+def next_group(steps: list[ScriptStep], results: list[ToolResult]) -> list[ScriptStep]:
+    """Walk the script along the results so far; a step and its `also` calls make one turn, and a
+    rejected step with `if_rejected` proposes that next."""
+    position, follow_up, consumed = 0, None, 0
+    while consumed < len(results):
+        current = follow_up or (steps[position] if position < len(steps) else None)
+        if current is None:
+            return []
+        if follow_up is None:
+            position += 1
+        follow_up = current.if_rejected if results[consumed].outcome == "rejected" else None
+        consumed += 1 + len(current.also)
+    step = follow_up or (steps[position] if position < len(steps) else None)
+    return [step, *step.also] if step else []
 
 
 def plan(goal: str) -> list[ScriptStep]:
@@ -55,5 +75,9 @@ def answer(transcript: Transcript) -> str:
     lines = []
     for r in results:
         detail = r.content.get("reason") or r.content.get("error") or r.content.get("result") or ""
+        if edited := r.content.get("edited_by_approver"):
+            detail = "approver changed " + ", ".join(
+                f"{k} {v['proposed']} -> {v['approved']}" for k, v in edited.items()
+            )
         lines.append(f"{r.name}: {r.outcome}" + (f" ({detail})" if detail else ""))
     return "Done. " + "; ".join(lines)

@@ -12,16 +12,16 @@ import base64
 import re
 from typing import Literal
 
-MessageKind = Literal["approval-request", "reminder", "escalation", "outcome", "decision-receipt"]
-APPROVER_KINDS: frozenset[MessageKind] = frozenset({"approval-request", "reminder", "escalation"})
+MessageKind = Literal["request", "reminder", "escalation", "reapproval", "batch", "outcome", "receipt"]
+APPROVER_KINDS: frozenset[MessageKind] = frozenset({"request", "reminder", "escalation", "reapproval", "batch"})
 """The kinds that carry decision links: if one of these bounces, the approver cannot decide."""
 
 _PLAIN_TAG = re.compile(r"^[A-Za-z0-9-]{1,256}$")
 
 
 def intent_key(kind: MessageKind, approval_id: str, round_: int, part: str) -> str:
-    """`<kind>/<approval id>/r<round>/<part>`, e.g. `approval-request/run-1-a0/r1/s0`."""
-    return f"{kind}/{approval_id}/r{round_}/{part}"
+    """`approval-<kind>/<approval id>/r<round>/<part>`, e.g. `approval-request/run-1-a0/r1/s0`."""
+    return f"approval-{kind}/{approval_id}/r{round_}/{part}"
 
 
 def tag_value(value: str) -> str:

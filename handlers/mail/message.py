@@ -16,7 +16,7 @@ from handlers.mail.intent import MessageKind
 
 
 class OutgoingEmail(BaseModel):
-    kind: MessageKind = "approval-request"
+    kind: MessageKind = "request"
     to: list[str]
     subject: str
     text: str
@@ -34,7 +34,7 @@ class SendReceipt(BaseModel):
     message_id: str
     """The provider's id for the message: Resend's email id, or the outbox file's Message-ID."""
     idempotency_key: str
-    kind: MessageKind = "approval-request"
+    kind: MessageKind = "request"
 
 
 class MailRejected(Exception):

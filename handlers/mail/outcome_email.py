@@ -17,7 +17,7 @@ from handlers.mail.message import OutgoingEmail, SendReceipt
 from handlers.mail.render import render
 from handlers.settings import Settings
 
-NoticeOutcome = Literal["approved", "rejected", "expired", "executed", "failed", "undeliverable"]
+NoticeOutcome = Literal["approved", "rejected", "expired", "executed", "failed", "undeliverable", "superseded"]
 
 
 def outcome_notice(
@@ -28,7 +28,8 @@ def outcome_notice(
     result: dict[str, Any] | None = None,
     error: str | None = None,
 ) -> OutgoingEmail:
-    """`record` as decided (state, decided_by, decided_at, reason); `result`/`error` of the tool run."""
+    """`record` as decided (state, decided_by, decided_at, reason, edits, decision_source); `result` or
+    `error` of the tool run for `executed` / `failed`."""
     at = record.decided_at if record.decided_at is not None else record.deadline
     subject, text, html = render(
         "outcome",

@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from handlers.policy import ToolPolicy
 from handlers.tools.business_db import connect, transaction
-from handlers.tools.registry import EffectContext, Tool, ToolError
+from handlers.tools.registry import EditRule, EffectContext, Tool, ToolError
 
 
 def _cents(value: Decimal) -> Decimal:
@@ -128,8 +128,30 @@ def email_customer(args: EmailCustomerArgs, ctx: EffectContext) -> dict[str, Any
     return {"email_id": done["id"], "customer_id": args.customer_id}
 
 
+def refund_still_possible(args: IssueRefundArgs, ctx: EffectContext) -> str | None:
+    with connect(ctx.db_path) as db:
+        if db.execute("SELECT 1 FROM refunds WHERE idempotency_key = ?", (ctx.idempotency_key,)).fetchone():
+            return None  # this very refund already ran (a retried step): nothing changed for it
+        order = db.execute("SELECT * FROM orders WHERE id = ?", (args.order_id,)).fetchone()
+    if order is None:
+        return f"order {args.order_id} no longer exists"
+    left = order["amount_cents"] - order["refunded_cents"]
+    if int(args.amount_usd * 100) > left:
+        return f"order {args.order_id} now has only ${left / 100:.2f} left to refund (status {order['status']})"
+    return None
+
+
+def customer_still_exists(args: DeleteCustomerArgs | EmailCustomerArgs, ctx: EffectContext) -> str | None:
+    with connect(ctx.db_path) as db:
+        customer = db.execute("SELECT deleted_at FROM customers WHERE id = ?", (args.customer_id,)).fetchone()
+    if customer is None or customer["deleted_at"] is not None:
+        return f"customer {args.customer_id} is gone"
+    return None
+
+
 FINANCE = ("finance@example.com",)
 OPS = ("ops@example.com",)
+OPS_AND_SECURITY = ("ops@example.com", "security@example.com")
 
 DEMO_TOOLS = [
     Tool(
@@ -144,17 +166,28 @@ DEMO_TOOLS = [
         name="issue_refund",
         description="Refund part or all of an order to the customer's original payment method.",
         args_model=IssueRefundArgs,
-        policy=ToolPolicy(gated=True, when="amount_usd > 500", approvers=FINANCE, deadline_seconds=24 * 3600),
+        policy=ToolPolicy(
+            gated=True,
+            when="amount_usd > 500",
+            approvers=FINANCE,
+            deadline_seconds=24 * 3600,
+            reminders_seconds=(4 * 3600,),
+            escalate_after_seconds=8 * 3600,
+            escalate_to=("finance-lead@example.com",),
+        ),
         effect=issue_refund,
         summarize=lambda a: f"Refund ${a.amount_usd} to order {a.order_id}",
+        editable={"amount_usd": EditRule("decrease_only")},
+        precondition=refund_still_possible,
     ),
     Tool(
         name="delete_customer",
         description="Delete a customer record. Irreversible.",
         args_model=DeleteCustomerArgs,
-        policy=ToolPolicy(gated=True, approvers=OPS, deadline_seconds=72 * 3600),
+        policy=ToolPolicy(gated=True, approvers=OPS_AND_SECURITY, quorum=2, deadline_seconds=72 * 3600),
         effect=delete_customer,
         summarize=lambda a: f"Delete customer {a.customer_id}",
+        precondition=customer_still_exists,
     ),
     Tool(
         name="email_customer",
@@ -163,5 +196,7 @@ DEMO_TOOLS = [
         policy=ToolPolicy(gated=True, approvers=OPS, deadline_seconds=24 * 3600),
         effect=email_customer,
         summarize=lambda a: f"Email customer {a.customer_id}: {a.subject!r}",
+        editable={"subject": EditRule(), "body": EditRule()},
+        precondition=customer_still_exists,
     ),
 ]

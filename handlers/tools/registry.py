@@ -8,9 +8,9 @@ effect instead of repeating it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
@@ -19,6 +19,16 @@ from handlers.policy import ToolPolicy, load_overrides, merge
 
 class ToolError(Exception):
     """A business refusal (order not found, amount too high): final, reported to the model."""
+
+
+@dataclass(frozen=True)
+class EditRule:
+    """Which way an approver may change one argument; the tool's model still validates the result."""
+
+    direction: Literal["any", "decrease_only"] = "any"
+
+    def describe(self) -> str:
+        return "may only be lowered" if self.direction == "decrease_only" else "may be changed"
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,9 @@ class Tool:
     policy: ToolPolicy
     effect: Callable[[Any, EffectContext], dict[str, Any]]
     summarize: Callable[[Any], str]
+    editable: Mapping[str, EditRule] = field(default_factory=dict)
+    precondition: Callable[[Any, EffectContext], str | None] | None = None
+    """Checked right before execution; returns what changed in the world since approval, or None."""
 
     def validate(self, raw: Mapping[str, Any]) -> BaseModel:
         return self.args_model.model_validate(dict(raw))

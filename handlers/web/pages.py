@@ -9,68 +9,24 @@ that says what happened; no stack trace, no token, ever reaches a response or a 
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 from urllib.parse import urlsplit
 
-from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from handlers import links
 from handlers.contract import ApprovalRecord, Decision, DecisionReceipt, RunStatus
 from handlers.links import LinkInvalid
 from handlers.settings import Settings
+from handlers.web import batch
 from handlers.web.runs_client import RunCallFailed, RunsClient
+from handlers.web.views import notice, page, remaining, when
 
-_TEMPLATES = Environment(
-    loader=FileSystemLoader(Path(__file__).parent / "templates"), autoescape=select_autoescape(default=True)
-)
-SECURITY_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; "
-        "frame-ancestors 'none'; base-uri 'none'"
-    ),
-    # same-origin, not no-referrer: with no-referrer Chromium sends `Origin: null` on our own form POST.
-    "Referrer-Policy": "same-origin",
-    "Cache-Control": "no-store",
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-}
-_MAX_FORM_FIELDS = 20
+_MAX_FORM_FIELDS = 60
 _MAX_FORM_BYTES = 64 * 1024
-
-
-def page(template: str, status: int = 200, **context: Any) -> HTMLResponse:
-    html = _TEMPLATES.get_template(template).render(**context)
-    return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
-
-
-def notice(status: int, title: str, message: str, **extra: Any) -> HTMLResponse:
-    return page("notice.html", status, title=title, message=message, **extra)
-
-
-def _when(timestamp: float | None) -> str:
-    if timestamp is None:
-        return ""
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _remaining(deadline: float, now: float) -> str:
-    seconds = int(deadline - now)
-    if seconds <= 0:
-        return "now"
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes = rest // 60
-    if days:
-        return f"in {days} d {hours} h"
-    if hours:
-        return f"in {hours} h {minutes} min"
-    return f"in {max(minutes, 1)} min"
 
 
 class ApprovalPages:
@@ -96,11 +52,21 @@ class ApprovalPages:
         except RunCallFailed as exc:
             return notice(exc.status, "Try again", exc.message)
 
+        approver = record.approvers[claims.slot]
+        if len(record.batch) > 1:
+            return await self._batch(request, runs, token, status, record, approver)
         if request.method == "POST":
             return await self._post(request, runs, token, record)
         if record.state != "pending":
             return self._decided(200, record)
+        if claims.slot in {v.slot for v in record.votes if v.round == record.round}:
+            return notice(
+                200, "Already recorded", "Your decision is recorded; the other approvers have not all decided."
+            )
         if link_state == "replaced":
+            if claims.slot not in record.active_slots:
+                now_with = ", ".join(record.approvers[s] for s in record.active_slots)
+                return notice(410, "Handed on", f"This approval was handed to {now_with}; this link no longer works.")
             return notice(410, "Link replaced", "This link was replaced by a newer one; use the most recent email.")
         if link_state == "expired":
             return notice(410, "Link expired", "This link has expired; the action was not approved.")
@@ -112,10 +78,32 @@ class ApprovalPages:
             goal=status.goal or "",
             intent=request.query_params.get("intent", ""),
             csrf=links.csrf_token(token, self.settings.approvals_signing_keys, self.settings.signing_kid),
-            deadline=_when(record.deadline),
-            remaining=_remaining(record.deadline, now),
-            requested=_when(record.requested_at),
+            deadline=when(record.deadline),
+            remaining=remaining(record.deadline, now),
+            requested=when(record.requested_at),
         )
+
+    async def _batch(
+        self, request: Request, runs: RunsClient, token: str, status: RunStatus, record: ApprovalRecord, approver: str
+    ) -> Response:
+        if request.method != "POST":
+            return batch.render(self.settings, token, status, record, approver)
+        refusal = await self._check_post(request, token)
+        if isinstance(refusal, Response):
+            return refusal
+        client = request.headers.get("user-agent", "")[:300]
+        return await batch.decide_items(self.settings, runs, status, record, approver, refusal, client)
+
+    async def _check_post(self, request: Request, token: str) -> FormData | Response:
+        """The form of a same-origin POST carrying this link's CSRF value, or the refusal page."""
+        if not self._same_origin(request):
+            return notice(403, "Request refused", "This form must be sent from the approval page itself.")
+        form = await self._form(request)
+        if form is None:
+            return notice(400, "Request refused", "The form could not be read. Open the link again and retry.")
+        if not links.csrf_ok(token, str(form.get("csrf", "")), self.settings.approvals_signing_keys):
+            return notice(403, "Request refused", "This form has expired. Open the link again and retry.")
+        return form
 
     @staticmethod
     async def _load(runs: RunsClient, run_id: str, index: int) -> tuple[RunStatus, ApprovalRecord] | None:
@@ -127,14 +115,9 @@ class ApprovalPages:
         return None
 
     async def _post(self, request: Request, runs: RunsClient, token: str, record: ApprovalRecord) -> Response:
-        if not self._same_origin(request):
-            return notice(403, "Request refused", "This form must be sent from the approval page itself.")
-        form = await self._form(request)
-        if form is None:
-            return notice(400, "Request refused", "The form could not be read. Open the link again and retry.")
-        supplied = str(form.get("csrf", ""))
-        if not links.csrf_ok(token, supplied, self.settings.approvals_signing_keys):
-            return notice(403, "Request refused", "This form has expired. Open the link again and retry.")
+        form = await self._check_post(request, token)
+        if isinstance(form, Response):
+            return form
         verdict: Literal["approve", "reject"]
         match form.get("verdict"):
             case "approve":
@@ -150,24 +133,36 @@ class ApprovalPages:
             )
         if len(reason) > 2000:
             return notice(400, "Reason too long", "Keep the reason under 2000 characters. Nothing was decided.")
+        edits = {k.removeprefix("edit."): str(v).strip() for k, v in form.multi_items() if k.startswith("edit.")}
         decision = Decision(
-            token=token, verdict=verdict, reason=reason, client=request.headers.get("user-agent", "")[:300]
+            token=token,
+            verdict=verdict,
+            reason=reason,
+            edits={k: v for k, v in edits.items() if k in record.editable},
+            client=request.headers.get("user-agent", "")[:300],
         )
-        key = links.token_fingerprint(f"{token}|{verdict}|{reason}")
+        key = links.token_fingerprint(f"{token}|{decision.model_dump_json(exclude={'client'})}")
         try:
             receipt = await runs.decide(record.run_id, decision, key)
         except RunCallFailed as exc:
             return notice(exc.status, "Not decided", exc.message)
         if not receipt.accepted:
             return self._decided(409, record, receipt)
-        return page("decided.html", 200, record=record, receipt=receipt, when=_when(receipt.decided_at))
+        return page(
+            "decided.html",
+            200,
+            record=record,
+            receipt=receipt,
+            when=when(receipt.decided_at),
+            edits=receipt.edits or {},
+        )
 
     def _decided(self, status: int, record: ApprovalRecord, receipt: DecisionReceipt | None = None) -> Response:
         state = receipt.state if receipt else record.state
         by = receipt.decided_by if receipt else record.decided_by
         at = receipt.decided_at if receipt else record.decided_at
         reason = receipt.reason if receipt else record.reason
-        return page("already.html", status, record=record, state=state, by=by, when=_when(at), reason=reason)
+        return page("already.html", status, record=record, state=state, by=by, when=when(at), reason=reason)
 
     def _same_origin(self, request: Request) -> bool:
         origin = request.headers.get("origin")

@@ -2,8 +2,9 @@
 
 Guarantee: nothing is acted on unless Resend's own verifier (the `resend` SDK, Svix scheme) accepts
 the raw body's signature under `RESEND_WEBHOOK_SECRET` within its ±5 min timestamp tolerance. A
-verified event about one of our emails is handed to `EmailDelivery/<approval id>/record` under the
-ingress idempotency key `resend-webhook/<svix-id>`, so a re-delivered event is processed once; the
+verified event about one of our emails is handed to `EmailDelivery/<approval id>/record` (once per
+approval a batch email covered) under the ingress idempotency key `resend-webhook/<svix-id>/<approval
+id>`, so a re-delivered event is processed once; the
 200 is sent only after Restate has durably accepted it, so Resend retries anything we could not take.
 Bad requests get a 4xx with a reason; nothing here ever answers 500.
 """
@@ -23,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from handlers.delivery import DeliveryEvent, record
+from handlers.links import approval_id
 from handlers.mail.intent import from_tag_value
 from handlers.mail.resend_backend import scrub
 from handlers.settings import Settings
@@ -31,6 +33,7 @@ log = logging.getLogger("countersign.webhooks")
 
 MAX_BODY = 256 * 1024
 _SVIX_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+_ITEMS = re.compile(r"(\d{1,6})s(\d{1,3})")
 
 
 def _answer(http_status: int, **body: str) -> JSONResponse:
@@ -64,14 +67,14 @@ class ResendWebhooks:
         except ValueError as exc:
             return _answer(401, error=f"signature not accepted: {exc}")
 
-        event = _delivery_event(svix["id"], verified)
-        if event is None:
+        events = _delivery_events(svix["id"], verified)
+        if not events:
             return _answer(200, status="ignored")
         try:
             async with restate.create_client(self.settings.restate_ingress_url) as client:
-                await client.object_send(
-                    record, key=event.approval_id, arg=event, idempotency_key=f"resend-webhook/{svix['id']}"
-                )
+                for event in events:
+                    key = f"resend-webhook/{svix['id']}/{event.approval_id}"
+                    await client.object_send(record, key=event.approval_id, arg=event, idempotency_key=key)
         except (restate.HttpError, httpx.HTTPError) as exc:
             log.warning("could not hand a webhook event to Restate: %s", type(exc).__name__)
             return _answer(503, error="could not record the event now; retry later")
@@ -92,22 +95,24 @@ async def _bounded_body(request: Request) -> bytes | None:
     return b"".join(chunks)
 
 
-def _delivery_event(event_id: str, verified: Any) -> DeliveryEvent | None:
-    """The event as `EmailDelivery` records it, or None if it is not about one of our emails."""
+def _delivery_events(event_id: str, verified: Any) -> list[DeliveryEvent]:
+    """The event as `EmailDelivery` records it, once per approval the email was about (a batch email
+    names several); empty if it is not about one of our emails."""
     if not isinstance(verified, dict) or not isinstance(verified.get("data"), dict):
-        return None
+        return []
     data = verified["data"]
     tags = data.get("tags")
     if not isinstance(tags, dict):
-        return None
+        return []
     try:
-        return DeliveryEvent.model_validate(
+        run_id = from_tag_value(str(tags.get("run_id", "")))
+        first = DeliveryEvent.model_validate(
             {
                 "event_id": event_id,
                 "type": str(verified.get("type", "")),
                 "email_id": str(data.get("email_id", "")),
                 "kind": tags.get("kind"),
-                "run_id": from_tag_value(str(tags.get("run_id", ""))),
+                "run_id": run_id,
                 "approval_id": from_tag_value(str(tags.get("approval_id", ""))),
                 "round": tags.get("round"),
                 "slot": tags.get("slot"),
@@ -116,7 +121,14 @@ def _delivery_event(event_id: str, verified: Any) -> DeliveryEvent | None:
             }
         )
     except (ValidationError, ValueError):
-        return None
+        return []
+    items = _ITEMS.findall(str(tags.get("items", "")))
+    if first.kind != "batch" or not items:
+        return [first]
+    return [
+        first.model_copy(update={"approval_id": approval_id(run_id, int(index)), "slot": int(slot)})
+        for index, slot in items
+    ]
 
 
 def _detail(data: dict[str, Any]) -> str:

@@ -47,21 +47,25 @@ class ApprovalEmail:
         return str(found[0])
 
 
-def approval_emails(outbox: Path, run_id: str) -> list[ApprovalEmail]:
-    found = []
-    for path in sorted(outbox.glob(f"approval-request_{run_id}-a*.eml")):
-        message = email.message_from_bytes(path.read_bytes(), policy=email.policy.default)
-        assert isinstance(message, EmailMessage)
-        found.append(ApprovalEmail(path, message))
-    return found
+def read_email(path: Path) -> ApprovalEmail:
+    message = email.message_from_bytes(path.read_bytes(), policy=email.policy.default)
+    assert isinstance(message, EmailMessage)
+    return ApprovalEmail(path, message)
 
 
-def wait_for_email(outbox: Path, run_id: str, count: int = 1, timeout: float = 20) -> list[ApprovalEmail]:
+def approval_emails(outbox: Path, run_id: str, kind: str = "request") -> list[ApprovalEmail]:
+    """The outbox emails of one kind (request, reminder, escalation, reapproval, batch) for a run."""
+    return [read_email(path) for path in sorted(outbox.glob(f"approval-{kind}_{run_id}-a*.eml"))]
+
+
+def wait_for_email(
+    outbox: Path, run_id: str, count: int = 1, timeout: float = 20, kind: str = "request"
+) -> list[ApprovalEmail]:
     def ready() -> list[ApprovalEmail] | None:
-        mails = approval_emails(outbox, run_id)
+        mails = approval_emails(outbox, run_id, kind)
         return mails if len(mails) >= count else None
 
-    return wait_until(ready, timeout, f"{count} approval email(s) for {run_id}")
+    return wait_until(ready, timeout, f"{count} approval {kind} email(s) for {run_id}")
 
 
 def open_page(link: str) -> httpx.Response:

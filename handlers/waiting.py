@@ -1,0 +1,253 @@
+"""Waiting for decisions: reminders, escalation, quorum, deadlines, for one or several approvals.
+
+Guarantee: every approver slot of every round has one decision promise, completed exactly once by
+whichever comes first: the person, the deadline, a cancel, an escalation, or the close after the
+approval was decided elsewhere. A verdict that raced in is honoured before any closing, so each
+approval has a single winner. Several approvals (a batch from one model turn) are waited on in one
+deterministic loop; every loop is bounded by the policies' finite events.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import restate
+from restate import TerminalError
+
+from handlers.contract import ApprovalRecord, CancelRequest, Vote
+from handlers.deadlines import can_escalate, next_event
+from handlers.mail.approval_email import MailKind, send_approval_request, send_batch_request
+from handlers.policy import ToolPolicy
+from handlers.rounds import EMAIL_RETRIES, closing, open_round
+from handlers.run_state import RunBook
+from handlers.verdict import (
+    CANCEL_PROMISE,
+    Verdict,
+    VerdictKind,
+    is_already_completed,
+    is_cancellation,
+    slot_promise,
+    state_of,
+)
+
+
+class Waiter:
+    """One approval's state machine. Never awaits a decision itself: `wait_all` multiplexes."""
+
+    def __init__(self, book: RunBook, record: ApprovalRecord, policy: ToolPolicy) -> None:
+        self.book, self.ctx, self.record, self.policy = book, book.ctx, record, policy
+        self.clock = record.round_started_at
+
+    def promise(self, slot: int) -> restate.DurablePromise[Verdict]:
+        return self.ctx.promise(slot_promise(self.record.approval_id, self.record.round, slot), type_hint=Verdict)
+
+    def open_slots(self) -> list[int]:
+        voted = {v.slot for v in self.record.votes if v.round == self.record.round}
+        return [s for s in self.record.active_slots if s not in voted]
+
+    def event_bound(self) -> int:
+        """An upper bound on the events this approval can see: votes, reminders, escalations, deadline."""
+        policy = self.policy
+        rounds = 1 + len(policy.escalate_to)
+        return 2 + len(policy.approvers) + len(policy.escalate_to) + rounds * (1 + len(policy.reminders_seconds))
+
+    def count(self, verdict: Verdict) -> Verdict | None:
+        """Record one slot's verdict; the deciding verdict if the approval is now decided."""
+        record = self.record
+        self.clock = max(self.clock, verdict.at)
+        if verdict.slot >= 0:
+            record.votes.append(
+                Vote(
+                    slot=verdict.slot,
+                    round=verdict.round,
+                    kind=verdict.kind,
+                    by=verdict.by,
+                    at=verdict.at,
+                    reason=verdict.reason,
+                )
+            )
+            self.book.save()
+        if verdict.kind == "approve" and verdict.source == "human":
+            return verdict if len(record.approvals_in_round()) >= record.quorum else None
+        return verdict
+
+    def conclude(self, final: Verdict) -> Verdict:
+        """Mark the approval decided as soon as it is, before the other items of a batch are."""
+        self.record.state = state_of(final)
+        self.record.decided_at = final.at
+        self.book.save()
+        return final
+
+    async def settle(self, final: Verdict) -> Verdict:
+        """Close the slots still open with a copy of the deciding verdict, so late clicks see it."""
+        copy = final.model_copy(update={"kind": "close", "closes_as": state_of(final)})
+        for late in await self._close(self.open_slots(), copy):
+            self.record.votes.append(
+                Vote(slot=late.slot, round=late.round, kind=late.kind, by=late.by, at=late.at, reason=late.reason)
+            )
+        self.book.save()
+        return final
+
+    async def _close(self, slots: list[int], verdict: Verdict) -> list[Verdict]:
+        """Complete each slot's promise with `verdict`; returns the verdicts that had already won."""
+        raced = []
+        for slot in slots:
+            try:
+                await self.promise(slot).resolve(verdict.model_copy(update={"slot": slot}))
+            except TerminalError as exc:
+                if not is_already_completed(exc):
+                    raise
+                raced.append(await self.promise(slot).value())
+        return raced
+
+    async def close_all(self, kind: VerdictKind, reason: str) -> Verdict:
+        """End the round with `kind`, unless a verdict that raced in decides it first."""
+        ending = closing(self.record, kind, self.clock, reason)
+        for verdict in await self._close(self.open_slots(), ending):
+            if (final := self.count(verdict)) is not None:
+                return await self.settle(final)
+        return ending
+
+    async def on_timer(self) -> Verdict | None:
+        at, event = next_event(self.record, self.policy)
+        self.clock = max(self.clock, at)
+        if event == "reminder":
+            self.record.reminders_sent += 1
+            self.book.save()
+            await self.notify("reminder", self.open_slots())
+            return None
+        if event == "escalate":
+            return await self._escalate()
+        return await self._deadline()
+
+    async def _deadline(self) -> Verdict:
+        final = await self.close_all("expire", "the deadline passed without a decision")
+        if final.kind != "expire":
+            return final
+        timeout = self.policy.timeout_outcome
+        final = final.model_copy(update={"source": "deadline_default"})
+        if timeout == "allow":
+            return final.model_copy(update={"kind": "approve", "reason": "the deadline passed; policy allows it"})
+        if timeout == "fail":
+            return final.model_copy(update={"reason": "the deadline passed; policy fails the run"})
+        return final
+
+    async def _escalate(self) -> Verdict | None:
+        record, policy = self.record, self.policy
+        successor = policy.escalate_to[record.escalations]
+        for verdict in await self._close(
+            self.open_slots(), closing(record, "escalate", self.clock, f"escalated to {successor}")
+        ):
+            if (final := self.count(verdict)) is not None:
+                return await self.settle(final)
+        opening = await self.ctx.run_typed(f"escalate approval #{record.index} to {successor}", open_round)
+        record.approvers.append(successor)
+        record.active_slots = [len(record.approvers) - 1]
+        record.escalations += 1
+        self.start_round(opening.nonce, opening.now, note=None)
+        if not await self.notify("escalation", record.active_slots):
+            return await self.escalate_or_give_up()
+        return None
+
+    async def escalate_or_give_up(self) -> Verdict | None:
+        if can_escalate(self.record, self.policy):
+            return await self._escalate()
+        return await self.close_all("undeliverable", "no approval email could be delivered")
+
+    def start_round(self, nonce: str, now: float, note: str | None) -> None:
+        record = self.record
+        record.round += 1
+        record.nonces.append(nonce)
+        record.round_started_at = now
+        record.reminders_sent = 0
+        record.change_note = note
+        record.state = "pending"
+        self.clock = now
+        self.book.state.phase = "awaiting_approval"
+        self.book.save()
+
+    async def notify(self, kind: MailKind, slots: list[int]) -> int:
+        """Email these slots; returns how many sends the mail backend accepted."""
+        delivered = 0
+        for slot in slots:
+            name = f"email {kind} #{self.record.index} round {self.record.round} slot {slot}"
+            if kind == "reminder":
+                name += f" n{self.record.reminders_sent}"
+            goal = self.book.state.goal
+            if await _send(self.ctx, name, send_approval_request, self.record, slot, goal, kind, self.clock):
+                delivered += 1
+        return delivered
+
+
+async def _send(ctx: restate.WorkflowContext, name: str, action: Any, *args: Any) -> bool:
+    """One email step; False when the provider refused it for good (the step's retries are bounded)."""
+    try:
+        await ctx.run_typed(name, action, EMAIL_RETRIES, *args)
+    except TerminalError as exc:
+        if is_cancellation(exc):
+            raise
+        return False
+    return True
+
+
+async def _notify_batch(book: RunBook, waiters: list[Waiter]) -> dict[int, int]:
+    """One email per approver covering every item they are asked about; delivered sends per item."""
+    by_person: dict[str, list[tuple[int, int]]] = {}
+    for i, waiter in enumerate(waiters):
+        for slot in waiter.open_slots():
+            by_person.setdefault(waiter.record.approvers[slot], []).append((i, slot))
+    delivered = {i: 0 for i in range(len(waiters))}
+    first = waiters[0].record
+    for person, items in by_person.items():
+        records = [waiters[i].record for i, _ in items]
+        slots = [slot for _, slot in items]
+        name = f"email batch #{first.index} to {person}"
+        if await _send(book.ctx, name, send_batch_request, records, slots, book.state.goal):
+            for i, _ in items:
+                delivered[i] += 1
+    return delivered
+
+
+async def wait_all(book: RunBook, waiters: list[Waiter], mail_kind: MailKind) -> list[Verdict]:
+    """Notify, then wait until every approval is decided; the deciding verdict of each, in order."""
+    finals: dict[int, Verdict] = {}
+    if len(waiters) > 1 and mail_kind == "request":
+        delivered = await _notify_batch(book, waiters)
+    else:
+        delivered = {i: await w.notify(mail_kind, w.open_slots()) for i, w in enumerate(waiters)}
+    for i, waiter in enumerate(waiters):
+        if not delivered[i] and (final := await waiter.escalate_or_give_up()) is not None:
+            finals[i] = waiter.conclude(final)
+    cancel = book.ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest)
+    clock = max(w.clock for w in waiters)
+    for _ in range(sum(w.event_bound() for w in waiters)):
+        pending = [i for i in range(len(waiters)) if i not in finals]
+        if not pending:
+            break
+        for waiter in waiters:
+            waiter.clock = max(waiter.clock, clock)
+        if await cancel.peek() is not None:
+            for i in pending:
+                finals[i] = waiters[i].conclude(await waiters[i].close_all("cancel", "the run was cancelled"))
+            break
+        futures: dict[str, Any] = {
+            f"{i}:{slot}": waiters[i].promise(slot).value() for i in pending for slot in waiters[i].open_slots()
+        }
+        at, due = min((next_event(waiters[i].record, waiters[i].policy)[0], i) for i in pending)
+        futures["timer"] = book.ctx.sleep(timedelta(seconds=max(0.0, at - clock)))
+        name, value = await restate.select(**futures)
+        if name == "timer":
+            clock = max(clock, at)
+            outcome = await waiters[due].on_timer()
+            i = due
+        else:
+            i = int(name.split(":")[0])
+            clock = max(clock, value.at)
+            if (outcome := waiters[i].count(value)) is not None:
+                outcome = await waiters[i].settle(outcome)
+        if outcome is not None:
+            finals[i] = waiters[i].conclude(outcome)
+    if len(finals) != len(waiters):
+        raise TerminalError("an approval did not settle within its policy's events; this is a bug", 500)
+    return [finals[i] for i in range(len(waiters))]

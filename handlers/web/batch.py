@@ -1,0 +1,84 @@
+"""The batch page: several actions proposed in one turn, decided item by item on one page.
+
+Guarantee: an item is decided only through `AgentRun.decide` with a link token for that item and
+this approver (minted here, verified again by the workflow); items left undecided stay pending, so
+partial approval works; GET changes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from starlette.datastructures import FormData
+from starlette.responses import Response
+
+from handlers import links
+from handlers.contract import ApprovalRecord, Decision, DecisionReceipt, RunStatus
+from handlers.settings import Settings
+from handlers.web.runs_client import RunCallFailed, RunsClient
+from handlers.web.views import notice, page, remaining, when
+
+
+def items_for(status: RunStatus, record: ApprovalRecord, approver: str) -> list[tuple[ApprovalRecord, int]]:
+    """(item, this approver's slot) for every item of the batch this approver is asked about."""
+    found = []
+    for item in status.approvals:
+        if item.index in record.batch:
+            slots = [s for s in item.active_slots if item.approvers[s] == approver]
+            if slots:
+                found.append((item, slots[0]))
+    return sorted(found, key=lambda pair: pair[0].index)
+
+
+def voted(item: ApprovalRecord, slot: int) -> bool:
+    return any(v.slot == slot and v.round == item.round for v in item.votes)
+
+
+def render(settings: Settings, token: str, status: RunStatus, record: ApprovalRecord, approver: str) -> Response:
+    now = time.time()
+    items = [
+        {
+            "record": item,
+            "open": item.state == "pending" and not voted(item, slot),
+            "deadline": when(item.deadline),
+            "remaining": remaining(item.deadline, now),
+        }
+        for item, slot in items_for(status, record, approver)
+    ]
+    csrf = links.csrf_token(token, settings.approvals_signing_keys, settings.signing_kid)
+    return page("batch.html", items=items, approver=approver, goal=status.goal or "", csrf=csrf)
+
+
+async def decide_items(
+    settings: Settings,
+    runs: RunsClient,
+    status: RunStatus,
+    record: ApprovalRecord,
+    approver: str,
+    form: FormData,
+    client: str,
+) -> Response:
+    chosen: list[tuple[ApprovalRecord, int, Literal["approve", "reject"], str]] = []
+    for item, slot in items_for(status, record, approver):
+        reason = str(form.get(f"reason.{item.index}", "")).strip()[:2000]
+        match form.get(f"verdict.{item.index}"):
+            case "approve":
+                chosen.append((item, slot, "approve", reason))
+            case "reject" if reason:
+                chosen.append((item, slot, "reject", reason))
+            case "reject":
+                return notice(400, "Reason required", f"Say why you reject “{item.summary}”. Nothing was decided.")
+    if not chosen:
+        return notice(400, "Nothing chosen", "Choose Approve or Reject for at least one action. Nothing was decided.")
+    outcomes: list[tuple[ApprovalRecord, DecisionReceipt | None, str]] = []
+    for item, slot, verdict, reason in chosen:
+        item_token = links.mint(item, slot, settings.approvals_signing_keys, settings.signing_kid)
+        decision = Decision(token=item_token, verdict=verdict, reason=reason, client=client)
+        key = links.token_fingerprint(f"{item_token}|{decision.model_dump_json(exclude={'client'})}")
+        try:
+            outcomes.append((item, await runs.decide(item.run_id, decision, key), ""))
+        except RunCallFailed as exc:
+            outcomes.append((item, None, exc.message))
+    accepted = any(receipt and receipt.accepted for _, receipt, _ in outcomes)
+    return page("batch_done.html", 200 if accepted else 409, outcomes=outcomes, when=when)
