@@ -19,8 +19,12 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 
 from handlers.agent_run import agent_run
+from handlers.audit import approval_audit
 from handlers.delivery import email_delivery
+from handlers.inbox import approval_inbox
 from handlers.settings import Settings
+from handlers.trust import tool_stats, trust_ramp
+from handlers.web.inbox_page import InboxPage
 from handlers.web.pages import ApprovalPages
 from handlers.web.runs_client import runs_client
 from handlers.web.views import notice
@@ -30,7 +34,15 @@ log = logging.getLogger("countersign.app")
 
 
 def restate_endpoint(settings: Settings) -> RestateAppT:
-    return restate.app(services=[agent_run, email_delivery], identity_keys=settings.restate_identity_keys or None)
+    services: list[restate.Service | restate.VirtualObject | restate.Workflow] = [
+        agent_run,
+        approval_inbox,
+        approval_audit,
+        tool_stats,
+        trust_ramp,
+        email_delivery,
+    ]
+    return restate.app(services=services, identity_keys=settings.restate_identity_keys or None)
 
 
 async def healthz(_: Request) -> Response:
@@ -54,6 +66,7 @@ def create_app(settings: Settings) -> Starlette:
             Route("/healthz", healthz, methods=["GET"]),
             *ApprovalPages(settings).routes(),
             *ResendWebhooks(settings).routes(),
+            *InboxPage(settings).routes(),
             Mount("/restate", app=restate_endpoint(settings)),
         ],
         lifespan=lifespan,

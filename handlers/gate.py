@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from handlers import links
+from handlers import ledger, links
 from handlers.contract import ActionRecord, ApprovalRecord, ApprovalState, Outcome
 from handlers.edits import EditRejected, apply_edits
 from handlers.execute import idempotency_key, recheck, run_tool
@@ -90,6 +90,8 @@ async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateRes
         waiters.append(Waiter(book, record, gated.policy.policy))
     book.state.phase = "awaiting_approval"
     book.save()
+    for waiter in waiters:
+        ledger.requested(book, waiter.record)
     finals = await wait_all(book, waiters, "request")
     return [await _act(book, gated, waiter, final) for gated, waiter, final in zip(calls, waiters, finals, strict=True)]
 
@@ -137,6 +139,7 @@ async def _act(book: RunBook, gated: GatedCall, waiter: Waiter, final: Verdict) 
         opening = await book.ctx.run_typed(f"reopen approval #{record.index}", open_round)
         record.deadline = opening.now + policy.deadline_seconds
         waiter.start_round(opening.nonce, opening.now, note=change)
+        ledger.requested(book, record)
         [final] = await wait_all(book, [waiter], "reapproval")
     raise AssertionError("unreachable: the last attempt always returns")
 
@@ -166,6 +169,7 @@ def _finish(book: RunBook, waiter: Waiter, final: Verdict, failure: str | None =
         approved_by=record.approved_by,
         reason=failure or final.reason,
     )
+    ledger.finished(book, record, action, final.at)
     return GateResult(action, fail_run=final.kind == "expire" and waiter.policy.timeout_outcome == "fail")
 
 
@@ -193,4 +197,5 @@ async def _execute(
         idempotency_key=idempotency_key(record.run_id, record.index),
         result=run.result if run.ok else {"error": run.error},
     )
+    ledger.finished(book, record, action, final.at)
     return GateResult(action)

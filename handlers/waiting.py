@@ -15,9 +15,11 @@ from typing import Any
 import restate
 from restate import TerminalError
 
+from handlers import ledger
 from handlers.contract import ApprovalRecord, CancelRequest, Vote
 from handlers.deadlines import can_escalate, next_event
 from handlers.mail.approval_email import MailKind, send_approval_request, send_batch_request
+from handlers.mail.message import SendReceipt
 from handlers.policy import ToolPolicy
 from handlers.rounds import EMAIL_RETRIES, closing, open_round
 from handlers.run_state import RunBook
@@ -68,6 +70,8 @@ class Waiter:
                 )
             )
             self.book.save()
+            if verdict.source == "human":
+                ledger.voted(self.book, record, verdict)
         if verdict.kind == "approve" and verdict.source == "human":
             return verdict if len(record.approvals_in_round()) >= record.quorum else None
         return verdict
@@ -77,6 +81,7 @@ class Waiter:
         self.record.state = state_of(final)
         self.record.decided_at = final.at
         self.book.save()
+        ledger.closed(self.book, self.record, self.record.active_slots, why=self.record.state)
         return final
 
     async def settle(self, final: Verdict) -> Verdict:
@@ -115,6 +120,7 @@ class Waiter:
         if event == "reminder":
             self.record.reminders_sent += 1
             self.book.save()
+            ledger.reminded(self.book, self.record, self.open_slots(), self.clock)
             await self.notify("reminder", self.open_slots())
             return None
         if event == "escalate":
@@ -142,12 +148,32 @@ class Waiter:
             if (final := self.count(verdict)) is not None:
                 return await self.settle(final)
         opening = await self.ctx.run_typed(f"escalate approval #{record.index} to {successor}", open_round)
+        previous = record.active_slots
         record.approvers.append(successor)
         record.active_slots = [len(record.approvers) - 1]
         record.escalations += 1
         self.start_round(opening.nonce, opening.now, note=None)
+        ledger.handed_over(self.book, record, previous, "escalated", opening.now)
         if not await self.notify("escalation", record.active_slots):
             return await self.escalate_or_give_up()
+        return None
+
+    async def reassign(self, verdict: Verdict) -> Verdict | None:
+        """An operator handed one approver's slot to someone else: a new round, fresh links for all
+        still deciding, the approvals already given kept."""
+        record = self.record
+        others = [s for s in self.open_slots() if s != verdict.slot]
+        handover = closing(record, "escalate", self.clock, f"reassigned to {verdict.to}; a newer email was sent")
+        for raced in await self._close(others, handover):
+            if (final := self.count(raced)) is not None:
+                return await self.settle(final)
+        opening = await self.ctx.run_typed(f"reassign approval #{record.index} to {verdict.to}", open_round)
+        previous = record.active_slots
+        record.approvers.append(verdict.to or "")
+        record.active_slots = [len(record.approvers) - 1 if s == verdict.slot else s for s in previous]
+        self.start_round(opening.nonce, opening.now, note=None, keep_approvals=True)
+        ledger.handed_over(self.book, record, previous, "reassigned", opening.now)
+        await self.notify("request", self.open_slots())
         return None
 
     async def escalate_or_give_up(self) -> Verdict | None:
@@ -155,8 +181,10 @@ class Waiter:
             return await self._escalate()
         return await self.close_all("undeliverable", "no approval email could be delivered")
 
-    def start_round(self, nonce: str, now: float, note: str | None) -> None:
+    def start_round(self, nonce: str, now: float, note: str | None, keep_approvals: bool = False) -> None:
         record = self.record
+        if keep_approvals:
+            record.votes += [v.model_copy(update={"round": record.round + 1}) for v in record.approvals_in_round()]
         record.round += 1
         record.nonces.append(nonce)
         record.round_started_at = now
@@ -175,20 +203,22 @@ class Waiter:
             if kind == "reminder":
                 name += f" n{self.record.reminders_sent}"
             goal = self.book.state.goal
-            if await _send(self.ctx, name, send_approval_request, self.record, slot, goal, kind, self.clock):
+            receipt = await _send(self.ctx, name, send_approval_request, self.record, slot, goal, kind, self.clock)
+            if receipt is not None:
+                ledger.emailed(self.book, self.record, slot, kind, receipt.message_id, self.clock)
                 delivered += 1
         return delivered
 
 
-async def _send(ctx: restate.WorkflowContext, name: str, action: Any, *args: Any) -> bool:
-    """One email step; False when the provider refused it for good (the step's retries are bounded)."""
+async def _send(ctx: restate.WorkflowContext, name: str, action: Any, *args: Any) -> SendReceipt | None:
+    """One email step; None when the provider refused it for good (the step's retries are bounded)."""
     try:
-        await ctx.run_typed(name, action, EMAIL_RETRIES, *args)
+        receipt: SendReceipt = await ctx.run_typed(name, action, EMAIL_RETRIES, *args)
     except TerminalError as exc:
         if is_cancellation(exc):
             raise
-        return False
-    return True
+        return None
+    return receipt
 
 
 async def _notify_batch(book: RunBook, waiters: list[Waiter]) -> dict[int, int]:
@@ -203,8 +233,10 @@ async def _notify_batch(book: RunBook, waiters: list[Waiter]) -> dict[int, int]:
         records = [waiters[i].record for i, _ in items]
         slots = [slot for _, slot in items]
         name = f"email batch #{first.index} to {person}"
-        if await _send(book.ctx, name, send_batch_request, records, slots, book.state.goal):
-            for i, _ in items:
+        receipt = await _send(book.ctx, name, send_batch_request, records, slots, book.state.goal)
+        if receipt is not None:
+            for i, slot in items:
+                ledger.emailed(book, waiters[i].record, slot, "batch", receipt.message_id, waiters[i].clock)
                 delivered[i] += 1
     return delivered
 
@@ -244,7 +276,9 @@ async def wait_all(book: RunBook, waiters: list[Waiter], mail_kind: MailKind) ->
         else:
             i = int(name.split(":")[0])
             clock = max(clock, value.at)
-            if (outcome := waiters[i].count(value)) is not None:
+            if value.kind == "reassign":
+                outcome = await waiters[i].reassign(value)
+            elif (outcome := waiters[i].count(value)) is not None:
                 outcome = await waiters[i].settle(outcome)
         if outcome is not None:
             finals[i] = waiters[i].conclude(outcome)

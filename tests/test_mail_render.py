@@ -107,7 +107,16 @@ def test_approve_and_reject_links_are_distinct_and_verify_for_this_slot_and_roun
         token = parts.path.removeprefix("/approvals/")
         claims, state = links.check(token, rec, SETTINGS.approvals_signing_keys, now=rec.requested_at + 60)
         assert state == "valid" and claims.slot == 1 and claims.round == rec.round
-    assert hrefs == [approve[0], reject[0]], "no other links: no tracking, no redirects"
+    inbox = f"{SETTINGS.approvals_public_url}/inbox/"
+    assert hrefs[:2] == [approve[0], reject[0]] and len(hrefs) == 3 and hrefs[2].startswith(inbox), (
+        "no other links: no tracking, no redirects"
+    )
+    assert (
+        links.check_inbox_token(
+            urlsplit(hrefs[2]).path.removeprefix("/inbox/"), SETTINGS.approvals_signing_keys, now=rec.requested_at
+        )
+        == "cfo@example.com"
+    )
     assert "<img" not in mail.html and "<style" not in mail.html and 'style="' in mail.html
 
 
@@ -201,7 +210,8 @@ def test_a_batch_email_lists_every_action_behind_one_link_for_this_approver() ->
     for part in (mail.text, mail.html):
         assert "Refund $612.40 to order 1042" in part and "Refund $800.00 to order 1043" in part and "1043" in part
     assert mail.idempotency_key == "approval-batch/run-7-a1/r1/s1" and mail.tags["items"] == "1s1-2s1"
-    assert HREF.findall(mail.html) == mail.log_links and mail.log_links[0] in mail.text
+    assert HREF.findall(mail.html)[0] == mail.log_links[0] and len(HREF.findall(mail.html)) == 2
+    assert mail.log_links[0] in mail.text and "/inbox/" in HREF.findall(mail.html)[1]
     token = urlsplit(mail.log_links[0]).path.removeprefix("/approvals/")
     assert links.check(token, record(), SETTINGS.approvals_signing_keys, now=record().requested_at)[0].slot == 1
 

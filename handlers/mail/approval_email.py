@@ -60,6 +60,7 @@ def approval_request(
         approver=record.approvers[slot],
         approve_url=f"{url}?intent=approve",
         reject_url=f"{url}?intent=reject",
+        inbox_url=_inbox_url(record.approvers[slot], record, settings),
         now=at,
         pending=True,
         number=max(1, record.reminders_sent),
@@ -95,6 +96,7 @@ def batch_request(records: list[ApprovalRecord], slots: list[int], goal: str, se
         goal=goal,
         approver=approver,
         url=url,
+        inbox_url=_inbox_url(approver, first, settings),
         now=first.round_started_at,
     )
     tags = tags_for("batch", first.run_id, first.approval_id, first.round, slot)
@@ -112,6 +114,13 @@ def batch_request(records: list[ApprovalRecord], slots: list[int], goal: str, se
         tags=tags,
         log_links=[url],
     )
+
+
+def _inbox_url(approver: str, record: ApprovalRecord, settings: Settings) -> str:
+    """The approver's own page of everything waiting for them (expiry from the round: deterministic)."""
+    expires = int(record.round_started_at) + links.INBOX_LINK_DAYS * 86400
+    token = links.inbox_token(approver, settings.approvals_signing_keys, settings.signing_kid, expires)
+    return f"{settings.approvals_public_url}/inbox/{token}"
 
 
 def send_approval_request(

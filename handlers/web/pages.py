@@ -18,12 +18,29 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from handlers import links
+from handlers.audit import AuditEntry
 from handlers.contract import ApprovalRecord, Decision, DecisionReceipt, RunStatus
 from handlers.links import LinkInvalid
 from handlers.settings import Settings
 from handlers.web import batch
 from handlers.web.runs_client import RunCallFailed, RunsClient
 from handlers.web.views import notice, page, remaining, when
+
+
+def _viewed(record: ApprovalRecord, slot: int, request: Request) -> AuditEntry:
+    """A page view for the audit trail, at most one per approver slot, round and minute."""
+    now = time.time()
+    return AuditEntry(
+        entry_id=f"page_viewed/r{record.round}/s{slot}/m{int(now // 60)}",
+        approval_id=record.approval_id,
+        run_id=record.run_id,
+        tenant=record.tenant,
+        kind="page_viewed",
+        at=now,
+        actor=record.approvers[slot],
+        details={"user_agent": request.headers.get("user-agent", "")[:200]},
+    )
+
 
 _MAX_FORM_FIELDS = 60
 _MAX_FORM_BYTES = 64 * 1024
@@ -53,6 +70,8 @@ class ApprovalPages:
             return notice(exc.status, "Try again", exc.message)
 
         approver = record.approvers[claims.slot]
+        if request.method == "GET":
+            await runs.note(_viewed(record, claims.slot, request))
         if len(record.batch) > 1:
             return await self._batch(request, runs, token, status, record, approver)
         if request.method == "POST":
