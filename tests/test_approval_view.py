@@ -94,7 +94,7 @@ def test_an_approved_action_says_only_what_the_history_shows() -> None:
         ("expired", "Expired", False),
         ("cancelled", "Cancelled", True),
         ("undeliverable", "Not delivered", False),
-        ("superseded", "No longer applies", True),
+        ("superseded", "Superseded", True),
         ("failed", "Approved but not run", True),
         ("escalated", "Handed on", False),
         ("something_new", "No longer waiting", False),

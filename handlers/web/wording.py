@@ -138,7 +138,7 @@ def _closed_words(state: str, by: str | None, at: float | None, action: ActionRe
             )
         case "superseded":
             return StateView(
-                "No longer applies",
+                "Superseded",
                 f"Something this action depends on changed while it waited{when}.",
                 "It did not run. The agent was told what changed.",
             )
