@@ -130,3 +130,4 @@ def test_page_is_labelled_readable_and_script_free(
     approval.approve()
     for audit in (unlabelled_controls, low_contrast_text):
         assert audit(page) == [], f"{audit.__name__} on the result page"
+    assert horizontal_overflow(page) == 0

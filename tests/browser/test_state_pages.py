@@ -14,7 +14,8 @@ from support.business import new_order, refunds_for
 from support.processes import AppServer, Ingress, StackFactory
 
 from browser.approval_page import ApprovalPage
-from browser.conftest import ContextFactory
+from browser.audits import horizontal_overflow
+from browser.conftest import PHONE, ContextFactory
 from browser.scenario import pending_refund, refund_task
 
 
@@ -56,13 +57,20 @@ def test_cancelled_run_page(
     assert ingress.call("AgentRun", run_id, "cancel", {"reason": "customer withdrew the claim"}).status_code == 200
     assert ingress.wait_output(run_id).json()["status"] == "cancelled"
 
-    page = ApprovalPage.open(new_context(), refund.mail.link)
+    page = ApprovalPage.open(new_context(**PHONE), refund.mail.link)
     assert page.heading.inner_text() == f"Cancelled: {refund.summary}"
+    assert horizontal_overflow(page.page) == 0
     text = page.text()
-    assert "The run was cancelled at " in text and "Reason given: customer withdrew the claim" in text
+    # The caller's reason, or the run's own if it saw the cancel before it began to wait: either is recorded.
+    [record] = ingress.status(run_id)["approvals"]
+    assert record["state"] == "cancelled" and record["reason"] in (
+        "customer withdrew the claim",
+        "the run was cancelled",
+    )
+    assert "The run was cancelled at " in text and f"Reason given: {record['reason']}" in text
     assert "It did not run" in text
     assert page.approve_button.count() == 0
-    page.screenshot(screenshots, "cancelled")
+    page.screenshot(screenshots, "cancelled-phone")
 
 
 @pytest.mark.slow
