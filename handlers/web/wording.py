@@ -139,7 +139,7 @@ def _closed_words(state: str, by: str | None, at: float | None, action: ActionRe
         case "superseded":
             return StateView(
                 "Superseded",
-                f"Something this action depends on changed while it waited{when}.",
+                f"Something this action depends on changed while it waited{when}, so it was superseded.",
                 "It did not run. The agent was told what changed.",
             )
         case "failed":

@@ -77,9 +77,12 @@ class ApprovalPage:
         self.reason_box.fill(reason)
         return self.submit(self.reject_button.click)
 
-    def edit(self, label: str, value: str) -> None:
-        """Change an editable argument before approving (edit-before-approve): find its field by label."""
-        self.page.get_by_label(label, exact=True).fill(value)
+    def edit_field(self, argument: str) -> Locator:
+        """The field that changes `argument` before approving, found by its label as a person would."""
+        return self.page.get_by_label(f"Change {argument}")
+
+    def edit(self, argument: str, value: str) -> None:
+        self.edit_field(argument).fill(value)
 
     def submit(self, act: Callable[[], None]) -> Submitted:
         """Do `act` (a click or a key press) and wait for the page the form's POST answered with."""

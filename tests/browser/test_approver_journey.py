@@ -93,3 +93,39 @@ def test_reject_with_a_reason_from_the_email(
     assert result["actions"][1]["outcome"] == "rejected"
     assert result["actions"][1]["reason"] == "Photos show no damage; offer a replacement instead."
     assert refunds_for(demo_db, run_id) == []
+
+
+def test_edit_the_amount_then_approve_runs_the_lower_refund(
+    app_server: AppServer,
+    ingress: Ingress,
+    outbox_dir: Path,
+    demo_db: Path,
+    run_id: str,
+    new_context: ContextFactory,
+    screenshots: Path,
+) -> None:
+    refund = pending_refund(ingress, demo_db, outbox_dir, run_id, amount="700.00")
+    approval = ApprovalPage.open(new_context(), refund.mail.link)
+    field = approval.edit_field("amount_usd")
+    assert field.input_value() == "700.00"
+    assert "may only be lowered" in approval.text()
+
+    approval.edit("amount_usd", "800.00")
+    refused = approval.approve()
+    assert refused.status == 400 and "may only be lowered" in approval.text()
+    assert "Nothing was decided" in approval.text()
+    assert ingress.status(run_id)["pending"], "a refused edit decides nothing"
+
+    approval = ApprovalPage.open(approval.page.context, refund.mail.link)
+    approval.edit("amount_usd", "500.00")
+    approval.screenshot(screenshots, "confirm-editing")
+    sent = approval.approve()
+    assert sent.status == 200 and sent.origin == app_server.url
+    text = approval.text()
+    assert approval.heading.inner_text() == f"Approved with your changes: {refund.summary}"
+    assert "Your change: amount_usd 700.00 → 500.00" in text and "with your edited arguments, once" in text
+    approval.screenshot(screenshots, "approved-with-edits")
+
+    action = ingress.wait_output(run_id).json()["actions"][1]
+    assert action["outcome"] == "approved_with_edits" and action["args"]["amount_usd"] == "500.00"
+    assert refunds_for(demo_db, run_id) == [(f"{run_id}/1", refund.order, 50000)]

@@ -74,7 +74,6 @@ def test_email_text_part_has_the_same_facts_and_links_as_the_html(
         "finance@example.com",
         pending["digest"][:12],
         "1 day after the request",
-        "if nobody decides by then, it does not run",
         *(f"{value}" for value in pending["args"].values()),
     ]
     deadline = re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", text)

@@ -78,7 +78,7 @@ def test_expired_approval_page(
     isolated_stack: StackFactory, new_context: ContextFactory, screenshots: Path, tmp_path: Path
 ) -> None:
     policy = tmp_path / "policy.toml"
-    policy.write_text("[tools.issue_refund]\ndeadline_seconds = 2\n")
+    policy.write_text("[tools.issue_refund]\ndeadline_seconds = 2\nreminders_seconds = []\n")
     stack = isolated_stack(app_env={"APPROVALS_POLICY_FILE": str(policy)})
     order = new_order(stack.db_path, 100_000)
     stack.ingress.start_run("expiring", refund_task(order, "700.00"))
