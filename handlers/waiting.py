@@ -259,9 +259,9 @@ async def wait_all(book: RunBook, waiters: list[Waiter], mail_kind: MailKind) ->
             break
         for waiter in waiters:
             waiter.clock = max(waiter.clock, clock)
-        if await cancel.peek() is not None:
+        if (request := await cancel.peek()) is not None:
             for i in pending:
-                finals[i] = waiters[i].conclude(await waiters[i].close_all("cancel", "the run was cancelled"))
+                finals[i] = waiters[i].conclude(await waiters[i].close_all("cancel", request.reason))
             break
         futures: dict[str, Any] = {
             f"{i}:{slot}": waiters[i].promise(slot).value() for i in pending for slot in waiters[i].open_slots()

@@ -85,7 +85,7 @@ def test_the_request_says_what_why_how_much_who_which_policy_and_when() -> None:
             "The customer sent photos of the damage.",
             "alice@example.com",
             "amount_usd &gt; 500" if part is mail.html else "amount_usd > 500",
-            "2026-01-03 00:00 UTC (in 2 days)",
+            "2026-01-03 00:00 UTC (2 days after the request)",
             "Refund order 1042 for $612.40",
             "ab12cd34ef56",
         ):
@@ -191,7 +191,7 @@ def test_each_intent_has_its_own_key_and_a_subject_that_says_the_action() -> Non
 def test_reminder_and_escalation_say_why_they_came() -> None:
     late = reminder(record(), 1, "g", 2, record().deadline - 5400, SETTINGS)
     assert late.subject.startswith("Reminder: approval needed by 2026-01-03 00:00 UTC")
-    assert "Reminder 2" in late.text and "1 h 30 min left" in late.text and late.to == ["cfo@example.com"]
+    assert "Reminder 2" in late.text and "1 hour 30 minutes left" in late.text and late.to == ["cfo@example.com"]
     up = escalation(
         record(round=2, nonces=["n1", "n2"], active_slots=[1]), 1, "g", "finance@example.com did not answer", SETTINGS
     )

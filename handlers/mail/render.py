@@ -47,16 +47,20 @@ def format_utc(timestamp: float) -> str:
 
 
 def format_duration(seconds: float) -> str:
-    """A coarse, human span: `3 days 4 h`, `5 h 10 min`, `12 min`, `under a minute`."""
+    """A coarse, human span in the pages' words: `3 days 4 hours`, `5 hours 10 minutes`, `12 minutes`."""
     total = int(max(0.0, seconds))
     days, rest = divmod(total, 86400)
     hours, rest = divmod(rest, 3600)
     minutes = rest // 60
     if days:
-        return f"{days} day{'s' if days != 1 else ''}" + (f" {hours} h" if hours else "")
+        return _count(days, "day") + (f" {_count(hours, 'hour')}" if hours else "")
     if hours:
-        return f"{hours} h" + (f" {minutes} min" if minutes else "")
-    return f"{minutes} min" if minutes else "under a minute"
+        return _count(hours, "hour") + (f" {_count(minutes, 'minute')}" if minutes else "")
+    return _count(minutes, "minute") if minutes else "less than a minute"
+
+
+def _count(number: int, unit: str) -> str:
+    return f"{number} {unit}{'' if number == 1 else 's'}"
 
 
 def format_arg(value: Any) -> str:
