@@ -35,6 +35,7 @@ from handlers.contract import (
     RunResult,
     RunStatus,
 )
+from handlers.delivery import DeliveryFailure, slot_verdict
 from handlers.edits import EditRejected, apply_edits
 from handlers.links import LinkInvalid, LinkState
 from handlers.llm import ModelUnavailable, check_model, load_model
@@ -456,6 +457,22 @@ async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> Reas
         ctx.promise(slot_promise(record.approval_id, record.round, slot), type_hint=Verdict), verdict
     )
     return ReassignReceipt(approval_id=record.approval_id, accepted=accepted, replaced=record.approvers[slot], to=to)
+
+
+@agent_run.handler(name="delivery_failed")
+async def delivery_failed(ctx: WorkflowSharedContext, failure: DeliveryFailure) -> bool:
+    """An approver's email bounced or was refused: that approver cannot decide this round. The run then
+    waits for the others, escalates, or ends the approval `undeliverable`. False for a stale failure."""
+    state = await ctx.get(STATE_KEY, type_hint=RunState)
+    record = state.approvals.get(failure.approval_id) if state is not None else None
+    if record is None:
+        return False
+    verdict = slot_verdict(record, failure, await ctx.time())
+    if verdict is None:
+        return False
+    return await _complete(
+        ctx.promise(slot_promise(record.approval_id, record.round, failure.slot), type_hint=Verdict), verdict
+    )
 
 
 async def _complete(promise: DurablePromise[Any], value: Any) -> bool:

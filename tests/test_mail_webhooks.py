@@ -272,4 +272,4 @@ def test_a_bounce_with_nobody_left_to_ask_resolves_the_approval_as_undeliverable
     assert action["outcome"] == "undeliverable" and "bounced" in action["reason"]
     assert refunds_for(stack.db_path, run_id) == []
     page = open_page(str(LINK.findall(mail.params["text"])[0]))
-    assert page.status_code == 200 and "This action was undeliverable" in page.text
+    assert page.status_code == 200 and "No approval email could be delivered" in page.text
