@@ -16,6 +16,8 @@ from typing import Any
 import css_inline
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
+from handlers.timewords import duration
+
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "email_templates"
 MAX_SUBJECT = 180
 
@@ -31,7 +33,7 @@ def environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters["utc"] = format_utc
-    env.filters["duration"] = format_duration
+    env.filters["duration"] = duration
     env.filters["argvalue"] = format_arg
     env.filters["indent_text"] = indent_text
     return env
@@ -44,23 +46,6 @@ def _inliner() -> css_inline.CSSInliner:
 
 def format_utc(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def format_duration(seconds: float) -> str:
-    """A coarse, human span in the pages' words: `3 days 4 hours`, `5 hours 10 minutes`, `12 minutes`."""
-    total = int(max(0.0, seconds))
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes = rest // 60
-    if days:
-        return _count(days, "day") + (f" {_count(hours, 'hour')}" if hours else "")
-    if hours:
-        return _count(hours, "hour") + (f" {_count(minutes, 'minute')}" if minutes else "")
-    return _count(minutes, "minute") if minutes else "less than a minute"
-
-
-def _count(number: int, unit: str) -> str:
-    return f"{number} {unit}{'' if number == 1 else 's'}"
 
 
 def format_arg(value: Any) -> str:

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from handlers.contract import ActionRecord, ApprovalRecord, Outcome
+from handlers.timewords import duration
 
 ABSOLUTE_FORMAT = "%Y-%m-%d %H:%M UTC"  # the same format the approval email uses
 
@@ -44,25 +45,6 @@ class StateView:
 def moment(timestamp: float) -> Moment:
     at = datetime.fromtimestamp(timestamp, UTC)
     return Moment(text=at.strftime(ABSOLUTE_FORMAT), iso=at.strftime("%Y-%m-%dT%H:%M:%SZ"))
-
-
-def _plural(count: int, unit: str) -> str:
-    return f"{count} {unit}" if count == 1 else f"{count} {unit}s"
-
-
-def duration(seconds: float) -> str:
-    """`2 days 3 hours`, `5 hours 12 minutes`, `45 minutes`, `less than a minute` (two units at most)."""
-    whole = int(seconds)
-    if whole < 60:
-        return "less than a minute"
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes = rest // 60
-    if days:
-        return _plural(days, "day") + (f" {_plural(hours, 'hour')}" if hours else "")
-    if hours:
-        return _plural(hours, "hour") + (f" {_plural(minutes, 'minute')}" if minutes else "")
-    return _plural(minutes, "minute")
 
 
 def deadline(deadline_at: float, now: float) -> Deadline:
