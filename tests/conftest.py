@@ -1,7 +1,11 @@
 """Pytest fixtures: one restate-server and one handlers app per session, plus private stacks.
 
 Guarantee: every process a fixture starts is stopped by that fixture's teardown, in reverse
-order of starting, whether or not the test passed (see support.processes for how).
+order of starting, whether or not the test passed (see support.processes for how). Every test that
+uses the session stack (`restate_server`, `app_server`, ...) or `isolated_stack` runs twice: with the
+deployment registered over HTTP/2 (bidirectional streaming) and over HTTP/1.1 (request/response, as
+serverless platforms invoke it). Each protocol gets its own session stack, so nothing one mode left
+behind (workflow keys, demo rows) is seen by the other.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from uuid import uuid4
 
 import pytest
 from support.processes import (
+    DEPLOYMENT_PROTOCOLS,
     AppServer,
     Ingress,
     IsolatedStack,
@@ -23,9 +28,15 @@ from support.processes import (
 )
 
 
+@pytest.fixture(scope="session", params=list(DEPLOYMENT_PROTOCOLS))
+def deployment_protocol(request: pytest.FixtureRequest) -> str:
+    """Session-scoped, so pytest runs all tests of one protocol before switching to the other."""
+    return str(request.param)
+
+
 @pytest.fixture(scope="session")
-def restate_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestateServer]:
-    server = RestateServer.start(tmp_path_factory.mktemp("restate"))
+def restate_server(deployment_protocol: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestateServer]:
+    server = RestateServer.start(tmp_path_factory.mktemp(f"restate-{deployment_protocol}"))
     try:
         yield server
     finally:
@@ -53,9 +64,17 @@ def demo_db(app_env: dict[str, str]) -> Path:
 
 @pytest.fixture(scope="session")
 def app_server(
-    restate_server: RestateServer, app_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+    restate_server: RestateServer,
+    app_env: dict[str, str],
+    deployment_protocol: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[AppServer]:
-    app = start_registered_app(restate_server, env=app_env, log_path=tmp_path_factory.mktemp("app") / "app.log")
+    app = start_registered_app(
+        restate_server,
+        env=app_env,
+        log_path=tmp_path_factory.mktemp("app") / "app.log",
+        http1=DEPLOYMENT_PROTOCOLS[deployment_protocol],
+    )
     try:
         yield app
     finally:
@@ -77,12 +96,21 @@ def run_id() -> str:
 
 
 @pytest.fixture()
-def isolated_stack(tmp_path: Path) -> Iterator[StackFactory]:
-    """A factory for private restate-server + app stacks; all of them are stopped at teardown."""
+def private_stacks(tmp_path: Path) -> Iterator[StackFactory]:
+    """A factory for private restate-server + app stacks; all of them are stopped at teardown.
+
+    Not parametrised: the caller picks the protocol (`http1=`). Tests that should run in both modes
+    use `isolated_stack` instead.
+    """
     with ExitStack() as cleanup:
         count = 0
 
-        def start(*, restate_env: dict[str, str] | None = None, app_env: dict[str, str] | None = None) -> IsolatedStack:
+        def start(
+            *,
+            restate_env: dict[str, str] | None = None,
+            app_env: dict[str, str] | None = None,
+            http1: bool = False,
+        ) -> IsolatedStack:
             nonlocal count
             count += 1
             root = tmp_path / f"stack{count}"
@@ -95,7 +123,7 @@ def isolated_stack(tmp_path: Path) -> Iterator[StackFactory]:
                 **make_app_env(ingress_url=restate.ingress_url, outbox_dir=outbox, db_path=db_path),
                 **(app_env or {}),
             }
-            app = start_registered_app(restate, env=env, log_path=root / "app.log")
+            app = start_registered_app(restate, env=env, log_path=root / "app.log", http1=http1)
             cleanup.callback(app.stop)
             client = Ingress(restate.ingress_url)
             cleanup.callback(client.close)
@@ -104,3 +132,16 @@ def isolated_stack(tmp_path: Path) -> Iterator[StackFactory]:
             )
 
         yield start
+
+
+@pytest.fixture()
+def isolated_stack(private_stacks: StackFactory, deployment_protocol: str) -> StackFactory:
+    """`private_stacks` registered with this session's deployment protocol (so: run in both modes)."""
+    session_http1 = DEPLOYMENT_PROTOCOLS[deployment_protocol]
+
+    def start(
+        *, restate_env: dict[str, str] | None = None, app_env: dict[str, str] | None = None, http1: bool = session_http1
+    ) -> IsolatedStack:
+        return private_stacks(restate_env=restate_env, app_env=app_env, http1=http1)
+
+    return start

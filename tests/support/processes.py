@@ -22,7 +22,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, Self, TypeVar, cast
 
 import httpx
 
@@ -36,6 +36,8 @@ APP_START_TIMEOUT = 20.0
 APP_STOP_GRACE = 5.0
 PORT_RELEASE_TIMEOUT = 15.0
 LOG_TAIL_LINES = 40
+DEPLOYMENT_PROTOCOLS = {"http2": False, "http1.1": True}
+"""Test id -> whether a deployment is registered with `use_http_11` (request/response) or not (bidi)."""
 
 T = TypeVar("T")
 
@@ -429,7 +431,7 @@ class AppServer:
     """Set once a stop() had to fall back to SIGKILL."""
 
     @classmethod
-    def start(cls, *, env: dict[str, str], port: int | None = None, cwd: Path = REPO, log_path: Path) -> AppServer:
+    def start(cls, *, env: dict[str, str], port: int | None = None, cwd: Path = REPO, log_path: Path) -> Self:
         port = free_port() if port is None else port
         app = cls(
             proc=_spawn(cls._command(port), env=cls._process_env(env), cwd=cwd, log_path=log_path),
@@ -563,12 +565,15 @@ def make_app_env(*, ingress_url: str, outbox_dir: Path, db_path: Path) -> dict[s
     }
 
 
-def start_registered_app(restate: RestateServer, *, env: dict[str, str], log_path: Path) -> AppServer:
-    """Start the app on a free port (APPROVALS_PUBLIC_URL = its own URL) and register it with `restate`."""
+def start_registered_app(
+    restate: RestateServer, *, env: dict[str, str], log_path: Path, http1: bool = False
+) -> AppServer:
+    """Start the app on a free port (APPROVALS_PUBLIC_URL = its own URL) and register it with `restate`
+    (over HTTP/1.1, request/response, if `http1`; else HTTP/2, bidirectional)."""
     port = free_port()
     app = AppServer.start(env={**env, "APPROVALS_PUBLIC_URL": f"http://127.0.0.1:{port}"}, port=port, log_path=log_path)
     try:
-        restate.register(app.restate_uri)
+        restate.register(app.restate_uri, http1=http1)
     except BaseException:
         app.stop()
         raise
@@ -592,5 +597,5 @@ class StackFactory(Protocol):
     """The `isolated_stack` fixture: call it to get a fresh, registered stack."""
 
     def __call__(
-        self, *, restate_env: dict[str, str] | None = None, app_env: dict[str, str] | None = None
+        self, *, restate_env: dict[str, str] | None = None, app_env: dict[str, str] | None = None, http1: bool = False
     ) -> IsolatedStack: ...
