@@ -35,6 +35,7 @@ from handlers.edits import EditRejected, apply_edits
 from handlers.links import LinkInvalid, LinkState
 from handlers.llm import ModelUnavailable, check_model, load_model
 from handlers.llm.base import AssistantTurn, ToolResult, ToolSpec, Transcript
+from handlers.redact import clean_failures, scrubbed
 from handlers.run_state import STATE_KEY, RunBook, RunState
 from handlers.settings import get_settings
 from handlers.tools import default_registry
@@ -71,6 +72,7 @@ def _validation_summary(exc: ValidationError) -> str:
 agent_run = restate.Workflow(
     "AgentRun",
     description="An agent run that stops for a person's emailed approval before gated tool calls.",
+    invocation_context_managers=[clean_failures],
 )
 
 
@@ -81,6 +83,7 @@ def _tool_specs() -> list[ToolSpec]:
     ]
 
 
+@scrubbed
 def _model_turn(model_id: str, task: AgentTask, transcript: Transcript) -> AssistantTurn:
     return load_model(model_id, task.script).next_turn(transcript, _tool_specs())
 

@@ -1,7 +1,9 @@
 """The one ASGI app: the Restate endpoint under `/restate`, the approval pages, and `/healthz`.
 
-Guarantee: any error a page handler did not expect becomes a uniform 500 page with no detail, and
-the Restate endpoint is exactly the SDK's (request identity keys applied when configured).
+Guarantee: any error a page handler did not expect becomes a uniform 500 page with no detail, every
+page response carries the security headers, and the Restate endpoint is exactly the SDK's, with the
+request identity keys and the journal cipher applied when configured (startup requires both outside
+dev); the pages call Restate through a client that uses the same cipher.
 """
 
 from __future__ import annotations
@@ -13,12 +15,16 @@ from contextlib import asynccontextmanager
 import restate
 from restate.server_types import RestateAppT
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 
 from handlers.agent_run import agent_run
+from handlers.codec import journal_codec
 from handlers.settings import Settings
+from handlers.web.hardening import SecurityHeaders, http_error
 from handlers.web.pages import ApprovalPages
 from handlers.web.runs_client import runs_client
 from handlers.web.views import notice
@@ -27,7 +33,11 @@ log = logging.getLogger("countersign.app")
 
 
 def restate_endpoint(settings: Settings) -> RestateAppT:
-    return restate.app(services=[agent_run], identity_keys=settings.restate_identity_keys or None)
+    return restate.app(
+        services=[agent_run],
+        identity_keys=settings.restate_identity_keys or None,
+        journal_value_codec=journal_codec(settings),
+    )
 
 
 async def healthz(_: Request) -> Response:
@@ -42,7 +52,7 @@ async def unexpected(_: Request, exc: Exception) -> Response:
 def create_app(settings: Settings) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with runs_client(settings.restate_ingress_url) as client:
+        async with runs_client(settings.restate_ingress_url, journal_codec(settings)) as client:
             app.state.runs = client
             yield
 
@@ -53,5 +63,6 @@ def create_app(settings: Settings) -> Starlette:
             Mount("/restate", app=restate_endpoint(settings)),
         ],
         lifespan=lifespan,
-        exception_handlers={Exception: unexpected},
+        middleware=[Middleware(SecurityHeaders)],
+        exception_handlers={HTTPException: http_error, Exception: unexpected},
     )

@@ -1,4 +1,4 @@
-"""Command line: `python -m handlers dev | serve`.
+"""Command line: `python -m handlers dev | serve | decode`.
 
 Guarantee: bad arguments print a usage error (exit 2), configuration errors a one-line reason
 (exit 1); never a traceback.
@@ -24,6 +24,11 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--demo", action="store_true", help="also start one demo run (a $612.40 refund)")
     serve = commands.add_parser("serve", help="serve the handlers only (for deployment)")
     serve.add_argument("--bind", type=_bind, default="127.0.0.1:9080", help="HOST:PORT (default 127.0.0.1:9080)")
+    commands.add_parser(
+        "decode",
+        help="open a sealed journal value or ingress answer read from stdin (COUNTERSIGN_JOURNAL_KEYS, "
+        "else the dev stack's key)",
+    )
     return root
 
 
@@ -33,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         from handlers.devstack import run_dev
 
         return run_dev(args.demo)
+    if args.command == "decode":
+        from handlers.devstack import decode_stdin
+
+        return decode_stdin()
     from handlers import startup
     from handlers.app import create_app
     from handlers.server import serve

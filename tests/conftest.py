@@ -63,8 +63,8 @@ def app_server(
 
 
 @pytest.fixture(scope="session")
-def ingress(restate_server: RestateServer) -> Iterator[Ingress]:
-    client = Ingress(restate_server.ingress_url)
+def ingress(restate_server: RestateServer, app_env: dict[str, str]) -> Iterator[Ingress]:
+    client = Ingress(restate_server.ingress_url, app_env["COUNTERSIGN_JOURNAL_KEYS"])
     try:
         yield client
     finally:
@@ -97,7 +97,7 @@ def isolated_stack(tmp_path: Path) -> Iterator[StackFactory]:
             }
             app = start_registered_app(restate, env=env, log_path=root / "app.log")
             cleanup.callback(app.stop)
-            client = Ingress(restate.ingress_url)
+            client = Ingress(restate.ingress_url, app.env.get("COUNTERSIGN_JOURNAL_KEYS") or None)
             cleanup.callback(client.close)
             return IsolatedStack(
                 restate=restate, app=app, ingress=client, env=app.env, outbox_dir=outbox, db_path=db_path
