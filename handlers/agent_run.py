@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from restate import DurablePromise, RunOptions, TerminalError, WorkflowContext, WorkflowSharedContext
 from restate.serde import Serde
 
-from handlers import links
+from handlers import confirm, links
 from handlers.actions import RunMustFail, handle_turn
 from handlers.contract import (
     ActionRecord,
@@ -249,7 +249,7 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
     record = None
     if state is not None and claims.run_id == ctx.key():
         record = state.approvals.get(links.approval_id(ctx.key(), claims.index))
-    if record is None:
+    if record is None or state is None or record.tenant != state.tenant:
         raise TerminalError("This link is not valid.", 403)
     check = await ctx.run_typed("verify link", _check_link, token=decision.token, record=record)
     if check.state == "invalid":
@@ -266,6 +266,9 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
     if decision.verdict == "reject" and not reason:
         raise TerminalError("A reason is required to reject.", 400)
     edits = _checked_edits(record, decision)
+    wanted = confirm.expected(record, edits) if decision.verdict == "approve" else None
+    if wanted is not None and not confirm.matches(decision.confirm, wanted):
+        raise TerminalError(confirm.REFUSAL, 400)
     verdict = Verdict(
         kind=decision.verdict,
         slot=claims.slot,

@@ -124,7 +124,9 @@ def csrf_token(token: str, keys: dict[str, bytes], kid: str) -> str:
 
 
 def csrf_ok(token: str, supplied: str, keys: dict[str, bytes]) -> bool:
-    return any(hmac.compare_digest(csrf_token(token, keys, kid), supplied) for kid in keys)
+    # Bytes, not str: compare_digest raises on non-ASCII text, and the form value is anyone's input.
+    given = supplied.encode("utf-8", errors="replace")
+    return any(hmac.compare_digest(csrf_token(token, keys, kid).encode(), given) for kid in keys)
 
 
 def token_fingerprint(token: str) -> str:

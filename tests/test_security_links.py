@@ -94,7 +94,7 @@ def test_the_tag_is_hmac_sha256_under_the_tenant_subkey_over_token_and_record() 
     canonical = json.dumps(message, sort_keys=True, separators=(",", ":")).encode()
     expected = hmac.new(subkey, b"countersign.approval-link.v1\x00" + canonical, hashlib.sha256).digest()
     assert links.tenant_key(SECRET_1, "acme") == subkey
-    assert TOKEN == f"v1.k1.{b64(b'run-1~2~1~1~2000')}.{b64(expected)}"
+    assert f"v1.k1.{b64(b'run-1~2~1~1~2000')}.{b64(expected)}" == TOKEN
     assert links.check(TOKEN, record(), KEYS, NOW)[1] == "valid"
     assert "@" not in TOKEN and "acme" not in TOKEN and "d" * 12 not in TOKEN, "no personal data, no record values"
 
@@ -212,6 +212,7 @@ def test_csrf_is_bound_to_the_link_and_rotates_with_the_keys() -> None:
     assert links.csrf_ok(TOKEN, csrf, KEYS)
     assert not links.csrf_ok(other, csrf, KEYS)
     assert not links.csrf_ok(TOKEN, csrf[:-1], KEYS) and not links.csrf_ok(TOKEN, "", KEYS)
+    assert not links.csrf_ok(TOKEN, "\x80é" + csrf, KEYS), "non-ASCII input is refused, not a crash (found by fuzzing)"
     assert not links.csrf_ok(TOKEN, csrf, {"k0": SECRET_0}), "the key that made it was removed"
     assert links.csrf_ok(TOKEN, links.csrf_token(TOKEN, KEYS, "k0"), KEYS)
 

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from handlers import links
+from handlers import confirm, links
 from handlers.contract import ApprovalRecord, Decision, DecisionReceipt, RunStatus
 from handlers.links import LinkInvalid
 from handlers.settings import Settings
@@ -78,6 +78,8 @@ class ApprovalPages:
             goal=status.goal or "",
             intent=request.query_params.get("intent", ""),
             csrf=links.csrf_token(token, self.settings.approvals_signing_keys, self.settings.signing_kid),
+            confirm_label=confirm.label(record),
+            confirm_value=confirm.expected(record),
             deadline=when(record.deadline),
             remaining=remaining(record.deadline, now),
             requested=when(record.requested_at),
@@ -139,6 +141,7 @@ class ApprovalPages:
             verdict=verdict,
             reason=reason,
             edits={k: v for k, v in edits.items() if k in record.editable},
+            confirm=str(form.get("confirm", ""))[:200],
             client=request.headers.get("user-agent", "")[:300],
         )
         key = links.token_fingerprint(f"{token}|{decision.model_dump_json(exclude={'client'})}")
