@@ -56,7 +56,7 @@ def create_app(settings: Settings) -> Starlette:
             app.state.runs = client
             yield
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
             *ApprovalPages(settings).routes(),
@@ -66,3 +66,6 @@ def create_app(settings: Settings) -> Starlette:
         middleware=[Middleware(SecurityHeaders)],
         exception_handlers={HTTPException: http_error, Exception: unexpected},
     )
+    # No redirects at all: Starlette would build the slash-redirect's Location from the Host header.
+    app.router.redirect_slashes = False
+    return app

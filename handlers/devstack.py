@@ -27,10 +27,11 @@ import httpx
 from handlers import identity, startup
 from handlers.codec import JournalCipher, JournalValueUnreadable, journal_codec
 from handlers.server import serve
-from handlers.settings import Settings, get_settings, parse_journal_keys
+from handlers.settings import get_settings, parse_journal_keys
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO / ".restate"
+IDENTITY_PEM = DATA_DIR / "identity_private.pem"
 INGRESS, ADMIN, HANDLERS = "127.0.0.1:8080", "127.0.0.1:9070", "127.0.0.1:9080"
 DEMO_GOAL = "Refund order 1042 for $612.40"
 
@@ -64,9 +65,6 @@ def _dev_secret(name: str, make: str) -> str:
 
 def dev_journal_keys() -> str:
     return _dev_secret("dev-journal-keys", "dev1:" + base64.b64encode(os.urandom(32)).decode())
-
-
-IDENTITY_PEM = DATA_DIR / "identity_private.pem"
 
 
 def _wait_ok(url: str, proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
@@ -190,8 +188,7 @@ read them with: curl -s http://{INGRESS}/restate/workflow/AgentRun/refund-1/outp
 
 def decode_stdin() -> int:
     """`python -m handlers decode`: print the value on stdin, opened with the journal keys."""
-    settings: Settings = get_settings()
-    keys = settings.countersign_journal_keys
+    keys = get_settings().countersign_journal_keys
     if not keys and (DATA_DIR / "dev-journal-keys").exists():
         keys = parse_journal_keys(dev_journal_keys())
     if not keys:
