@@ -2,7 +2,8 @@
 
 Guarantee: every model turn, policy answer, email and tool effect is a journaled step, so a run
 resumes after any crash or restart without repeating what already happened; the loop is bounded by
-`AGENT_MAX_TURNS`; a malformed task ends at once with a 400 carrying the validation message.
+`AGENT_MAX_TURNS`, a model turn's retries by `MODEL_MAX_ATTEMPTS` and malformed replies in a row by
+`MODEL_MAX_MALFORMED_TURNS`; a malformed task ends at once with a 400 carrying the validation message.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Literal
 import restate
 from pydantic import BaseModel, ValidationError
 from restate import DurablePromise, RunOptions, TerminalError, WorkflowContext, WorkflowSharedContext
+from restate.exceptions import RetryableError
 from restate.serde import Serde
 
 from handlers import confirm, links
@@ -28,23 +30,33 @@ from handlers.contract import (
     DecisionReceipt,
     Outcome,
     PendingApproval,
+    ReassignReceipt,
+    ReassignRequest,
     RunResult,
     RunStatus,
 )
+from handlers.delivery import DeliveryFailure, slot_verdict
 from handlers.edits import EditRejected, apply_edits
 from handlers.links import LinkInvalid, LinkState
 from handlers.llm import ModelUnavailable, check_model, load_model
-from handlers.llm.base import AssistantTurn, ToolResult, ToolSpec, Transcript
+from handlers.llm.base import (
+    AssistantTurn,
+    Feedback,
+    ProviderBusy,
+    ProviderRefused,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    Transcript,
+)
+from handlers.llm.prompt import EMPTY_REPLY
 from handlers.redact import clean_failures, scrubbed
 from handlers.run_state import STATE_KEY, RunBook, RunState
 from handlers.settings import get_settings
 from handlers.tools import default_registry
-from handlers.verdict import CANCEL_PROMISE, Verdict, is_already_completed, slot_promise
+from handlers.verdict import CANCEL_PROMISE, Verdict, is_already_completed, is_cancellation, slot_promise
 
 RETENTION = timedelta(days=14)
-MODEL_RETRIES = RunOptions[Any](
-    max_attempts=4, initial_retry_interval=timedelta(seconds=1), max_duration=timedelta(minutes=10)
-)
 
 
 class TaskSerde(Serde[AgentTask]):
@@ -78,14 +90,38 @@ agent_run = restate.Workflow(
 
 def _tool_specs() -> list[ToolSpec]:
     return [
-        ToolSpec(name=t.name, description=t.description, parameters=t.schema(), approval=t.policy.describe(t.name))
+        ToolSpec(
+            name=t.name,
+            description=t.description,
+            parameters=t.schema(),
+            approval=t.policy.describe(t.name),
+            gated=t.policy.gated,
+        )
         for t in default_registry()
     ]
 
 
+def _model_retries() -> RunOptions[Any]:
+    """Retries of one model turn: exponential from 1 s (or the provider's retry-after), bounded."""
+    return RunOptions[Any](
+        max_attempts=get_settings().model_max_attempts,
+        initial_retry_interval=timedelta(seconds=1),
+        max_retry_interval=timedelta(seconds=30),
+        max_duration=timedelta(minutes=15),
+    )
+
+
 @scrubbed
 def _model_turn(model_id: str, task: AgentTask, transcript: Transcript) -> AssistantTurn:
-    return load_model(model_id, task.script).next_turn(transcript, _tool_specs())
+    """One model turn (the body of a journaled step): final refusals end the step, the rest retry."""
+    try:
+        return load_model(model_id, task.script).next_turn(transcript, _tool_specs())
+    except (ProviderRefused, ModelUnavailable) as exc:
+        raise TerminalError(str(exc), 400) from None
+    except ProviderBusy as exc:
+        if exc.retry_after:
+            raise RetryableError(exc.message, 503, timedelta(seconds=exc.retry_after)) from None
+        raise
 
 
 def _pick_model(requested: str | None) -> str:
@@ -119,6 +155,7 @@ async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
     transcript = Transcript(goal=task.goal, requester=task.requester)
     cancel = ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest)
 
+    malformed = 0
     for turn in range(get_settings().agent_max_turns):
         if (request := await cancel.peek()) is not None:
             return _finish(book, "cancelled", f"Cancelled: {request.reason}")
@@ -127,28 +164,55 @@ async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
             reply = await ctx.run_typed(
                 f"model turn {turn}",
                 _model_turn,
-                MODEL_RETRIES,
+                _model_retries(),
                 model_id=model_id,
                 task=task,
                 transcript=transcript,
             )
         except TerminalError as exc:
-            if exc.status_code == 409:
+            if is_cancellation(exc):
                 raise
-            return _finish(book, "failed", f"The model call failed: {exc.message}")
+            retried = "" if exc.status_code == 400 else f" (gave up after {get_settings().model_max_attempts} attempts)"
+            return _finish(book, "failed", f"The model call failed{retried}: {exc.message}")
         transcript.turns.append(reply)
-        if not reply.tool_calls:
+        problem: str | None = None
+        if reply.empty:
+            problem = "the reply was empty"
+            transcript.turns.append(Feedback(text=EMPTY_REPLY))
+        elif not reply.tool_calls:
             return _finish(book, "completed", reply.text)
         book.state.phase = "acting"
         try:
-            actions = await handle_turn(book, reply.tool_calls)
+            actions = await _act_on(book, reply.tool_calls)
         except RunMustFail as exc:
             return _finish(book, "failed", f"Stopped: {exc}")
         for call, action in zip(reply.tool_calls, actions, strict=True):
             transcript.turns.append(_tool_result(call.id, action))
+            if action.outcome is Outcome.INVALID:
+                problem = f"{call.name}: {(action.result or {}).get('error', 'invalid call')}"
         if cancelled := [a for a in actions if a.outcome is Outcome.CANCELLED]:
             return _finish(book, "cancelled", f"Cancelled while waiting for approval: {cancelled[0].reason}")
+        malformed = malformed + 1 if problem else 0
+        if malformed >= get_settings().model_max_malformed_turns:
+            return _finish(book, "failed", f"The model gave {malformed} malformed replies in a row (last: {problem}).")
     return _finish(book, "failed", f"The agent did not finish within {get_settings().agent_max_turns} turns.")
+
+
+async def _act_on(book: RunBook, calls: list[ToolCall]) -> list[ActionRecord]:
+    """The turn's actions in the order of `calls`: unreadable calls (e.g. arguments that are not JSON)
+    are recorded as `invalid` first, without reaching a tool; the rest go to `handle_turn` together."""
+    unreadable: dict[int, ActionRecord] = {}
+    for position, call in enumerate(calls):
+        if call.problem is not None:
+            index = len(book.state.actions)
+            unreadable[position] = ActionRecord(
+                index=index, tool=call.name, proposed_args={}, outcome=Outcome.INVALID, result={"error": call.problem}
+            )
+            book.state.actions.append(unreadable[position])
+    book.save()
+    readable = [call for call in calls if call.problem is None]
+    handled = iter(await handle_turn(book, readable) if readable else [])
+    return [unreadable[p] if p in unreadable else next(handled) for p in range(len(calls))]
 
 
 def _tool_result(call_id: str, action: ActionRecord) -> ToolResult:
@@ -306,6 +370,7 @@ def _checked_edits(record: ApprovalRecord, decision: Decision) -> dict[str, Any]
 
 
 _SLOT_STATE = {
+    "reassign": "reassigned",
     "reject": "rejected",
     "expire": "expired",
     "cancel": "cancelled",
@@ -363,6 +428,57 @@ async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelRe
         if won:
             cancelled.append(record.approval_id)
     return CancelReceipt(run_id=ctx.key(), accepted=accepted, cancelled_approvals=cancelled)
+
+
+@agent_run.handler(name="reassign")
+async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> ReassignReceipt:
+    """Hand a pending approval (one approver's part of it) to someone else: a new round starts and
+    older links stop working. A 400 that changes nothing when the request does not fit."""
+    state = await ctx.get(STATE_KEY, type_hint=RunState)
+    record = state.approvals.get(request.approval_id) if state else None
+    if record is None or record.state != "pending":
+        raise TerminalError(f"no pending approval {request.approval_id} in run {ctx.key()}", 404)
+    to = request.to.lower()
+    if to in (record.approvers[s] for s in record.active_slots):
+        raise TerminalError(f"{to} already decides this approval (one person counts once)", 400)
+    voted = {v.slot for v in record.votes if v.round == record.round}
+    open_slots = [s for s in record.active_slots if s not in voted]
+    if request.replacing:
+        open_slots = [s for s in open_slots if record.approvers[s] == request.replacing.lower()]
+    if len(open_slots) != 1:
+        raise TerminalError("say which approver to replace (--from): several, or none, are still deciding", 400)
+    slot = open_slots[0]
+    now = await ctx.time()
+    verdict = Verdict(
+        kind="reassign",
+        slot=slot,
+        round=record.round,
+        digest=record.digest,
+        at=now,
+        source="system",
+        reason=request.reason or f"reassigned to {to}",
+        to=to,
+    )
+    accepted = await _complete(
+        ctx.promise(slot_promise(record.approval_id, record.round, slot), type_hint=Verdict), verdict
+    )
+    return ReassignReceipt(approval_id=record.approval_id, accepted=accepted, replaced=record.approvers[slot], to=to)
+
+
+@agent_run.handler(name="delivery_failed")
+async def delivery_failed(ctx: WorkflowSharedContext, failure: DeliveryFailure) -> bool:
+    """An approver's email bounced or was refused: that approver cannot decide this round. The run then
+    waits for the others, escalates, or ends the approval `undeliverable`. False for a stale failure."""
+    state = await ctx.get(STATE_KEY, type_hint=RunState)
+    record = state.approvals.get(failure.approval_id) if state is not None else None
+    if record is None:
+        return False
+    verdict = slot_verdict(record, failure, await ctx.time())
+    if verdict is None:
+        return False
+    return await _complete(
+        ctx.promise(slot_promise(record.approval_id, record.round, failure.slot), type_hint=Verdict), verdict
+    )
 
 
 async def _complete(promise: DurablePromise[Any], value: Any) -> bool:

@@ -1,4 +1,5 @@
-"""The one ASGI app: the Restate endpoint under `/restate`, the approval pages, and `/healthz`.
+"""The one ASGI app: the Restate endpoint under `/restate`, the approval pages, the Resend webhook and
+`/healthz`.
 
 Guarantee: any error a page handler did not expect becomes a uniform 500 page with no detail, every
 page response carries the security headers, and the Restate endpoint is exactly the SDK's, with the
@@ -22,19 +23,33 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 
 from handlers.agent_run import agent_run
+from handlers.audit import approval_audit
 from handlers.codec import journal_codec
+from handlers.delivery import email_delivery
+from handlers.inbox import approval_inbox
 from handlers.settings import Settings
+from handlers.trust import tool_stats, trust_ramp
 from handlers.web.hardening import SecurityHeaders, http_error
+from handlers.web.inbox_page import InboxPage
 from handlers.web.pages import ApprovalPages
 from handlers.web.runs_client import runs_client
 from handlers.web.views import notice
+from handlers.web.webhooks import ResendWebhooks
 
 log = logging.getLogger("countersign.app")
 
 
 def restate_endpoint(settings: Settings) -> RestateAppT:
+    services: list[restate.Service | restate.VirtualObject | restate.Workflow] = [
+        agent_run,
+        approval_inbox,
+        approval_audit,
+        tool_stats,
+        trust_ramp,
+        email_delivery,
+    ]
     return restate.app(
-        services=[agent_run],
+        services=services,
         identity_keys=settings.restate_identity_keys or None,
         journal_value_codec=journal_codec(settings),
     )
@@ -60,6 +75,8 @@ def create_app(settings: Settings) -> Starlette:
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
             *ApprovalPages(settings).routes(),
+            *ResendWebhooks(settings).routes(),
+            *InboxPage(settings).routes(),
             Mount("/restate", app=restate_endpoint(settings)),
         ],
         lifespan=lifespan,

@@ -230,6 +230,22 @@ class CancelRequest(Strict):
     reason: str = Field(min_length=1, max_length=2000)
 
 
+class ReassignRequest(Strict):
+    """Input of `AgentRun.reassign`: hand one approver's part of a pending approval to someone else."""
+
+    approval_id: str = Field(min_length=1, max_length=200)
+    to: str = Field(pattern=EMAIL_PATTERN)
+    replacing: str | None = Field(default=None, pattern=EMAIL_PATTERN, description="needed when several decide")
+    reason: str = Field(default="", max_length=2000)
+
+
+class ReassignReceipt(BaseModel):
+    approval_id: str
+    accepted: bool
+    replaced: str | None = None
+    to: str
+
+
 class CancelReceipt(BaseModel):
     run_id: str
     accepted: bool

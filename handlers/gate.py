@@ -17,17 +17,18 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from handlers import confirm, links
+from handlers import confirm, ledger, links
 from handlers.contract import ActionRecord, ApprovalRecord, ApprovalState, Outcome
 from handlers.edits import EditRejected, apply_edits
 from handlers.execute import idempotency_key, recheck, run_tool
 from handlers.llm.base import ToolCall
+from handlers.mail.outcome_email import NoticeOutcome, send_outcome_notice
 from handlers.policy import PolicyVerdict
 from handlers.rounds import closing, open_round
 from handlers.run_state import RunBook
 from handlers.tools.registry import Tool
 from handlers.verdict import Verdict, state_of
-from handlers.waiting import Waiter, wait_all
+from handlers.waiting import Waiter, send_step, wait_all
 
 _DIGEST_DOMAIN = b"countersign.action.v1\x00"
 MAX_REAPPROVALS = 2
@@ -40,6 +41,17 @@ _OUTCOME_OF: dict[ApprovalState, Outcome] = {
     "superseded": Outcome.SUPERSEDED,
     "undeliverable": Outcome.UNDELIVERABLE,
     "failed": Outcome.FAILED,
+}
+
+
+_NOTICE: dict[Outcome, NoticeOutcome] = {
+    Outcome.APPROVED: "executed",
+    Outcome.APPROVED_WITH_EDITS: "executed",
+    Outcome.FAILED: "failed",
+    Outcome.REJECTED: "rejected",
+    Outcome.EXPIRED: "expired",
+    Outcome.UNDELIVERABLE: "undeliverable",
+    Outcome.SUPERSEDED: "superseded",
 }
 
 
@@ -90,8 +102,25 @@ async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateRes
         waiters.append(Waiter(book, record, gated.policy.policy))
     book.state.phase = "awaiting_approval"
     book.save()
+    for waiter in waiters:
+        ledger.requested(book, waiter.record)
     finals = await wait_all(book, waiters, "request")
-    return [await _act(book, gated, waiter, final) for gated, waiter, final in zip(calls, waiters, finals, strict=True)]
+    results = []
+    for gated, waiter, final in zip(calls, waiters, finals, strict=True):
+        result = await _act(book, gated, waiter, final)
+        await _tell_requester(book, waiter.record, result.action)
+        results.append(result)
+    return results
+
+
+async def _tell_requester(book: RunBook, record: ApprovalRecord, action: ActionRecord) -> None:
+    """The outcome notice to the person who asked for the run (none when the run was cancelled)."""
+    outcome = _NOTICE.get(action.outcome)
+    if outcome is None:
+        return
+    error = (action.result or {}).get("error") or action.reason
+    name = f"email outcome #{record.index}"
+    await send_step(book.ctx, name, send_outcome_notice, record, outcome, action.result, error)
 
 
 def _freeze(book: RunBook, gated: GatedCall, nonce: str, now: float, batch: list[int]) -> ApprovalRecord:
@@ -138,6 +167,7 @@ async def _act(book: RunBook, gated: GatedCall, waiter: Waiter, final: Verdict) 
         opening = await book.ctx.run_typed(f"reopen approval #{record.index}", open_round)
         record.deadline = opening.now + policy.deadline_seconds
         waiter.start_round(opening.nonce, opening.now, note=change)
+        ledger.requested(book, record)
         [final] = await wait_all(book, [waiter], "reapproval")
     raise AssertionError("unreachable: the last attempt always returns")
 
@@ -167,6 +197,7 @@ def _finish(book: RunBook, waiter: Waiter, final: Verdict, failure: str | None =
         approved_by=record.approved_by,
         reason=failure or final.reason,
     )
+    ledger.finished(book, record, action, final.at)
     return GateResult(action, fail_run=final.kind == "expire" and waiter.policy.timeout_outcome == "fail")
 
 
@@ -194,4 +225,5 @@ async def _execute(
         idempotency_key=idempotency_key(record.run_id, record.index),
         result=run.result if run.ok else {"error": run.error},
     )
+    ledger.finished(book, record, action, final.at)
     return GateResult(action)

@@ -30,6 +30,8 @@ VERSION = "v1"
 _DOMAIN = b"countersign.approval-link.v1\x00"
 _CSRF_DOMAIN = b"countersign.csrf.v1\x00"
 _TENANT_DOMAIN = b"countersign.tenant-key.v1\x00"
+_INBOX_DOMAIN = b"countersign.inbox.v1\x00"
+INBOX_LINK_DAYS = 30
 _MAX_TOKEN = 400
 _KID = re.compile(r"^[A-Za-z0-9]{1,16}$")
 _B64 = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -117,6 +119,31 @@ def check(token: str, record: ApprovalRecord, keys: dict[str, bytes], now: float
     if claims.exp != expiry(record) or claims.slot not in record.active_slots:
         raise invalid
     return claims, "expired" if now >= expiry(record) else "valid"
+
+
+def inbox_token(approver: str, keys: dict[str, bytes], kid: str, exp: int) -> str:
+    """A link to an approver's own inbox page. Unlike approval links it must name the person."""
+    body = f"{approver}~{exp}".encode()
+    tag = hmac.new(keys[kid], _INBOX_DOMAIN + body, hashlib.sha256).digest()
+    return f"{VERSION}.{kid}.{_b64(body)}.{_b64(tag)}"
+
+
+def check_inbox_token(token: str, keys: dict[str, bytes], now: float) -> str:
+    """The approver an inbox token names; LinkInvalid if forged, malformed or expired."""
+    invalid = LinkInvalid("This link is not valid.")
+    parts = token.split(".")
+    if len(token) > _MAX_TOKEN or len(parts) != 4 or parts[0] != VERSION or parts[1] not in keys:
+        raise invalid
+    try:
+        body, tag = _unb64(parts[2]), _unb64(parts[3])
+        approver, _, exp = body.decode().rpartition("~")
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        raise invalid from exc
+    if not hmac.compare_digest(tag, hmac.new(keys[parts[1]], _INBOX_DOMAIN + body, hashlib.sha256).digest()):
+        raise invalid
+    if not exp.isdigit() or now >= int(exp):
+        raise LinkInvalid("This inbox link has expired; open a newer approval email.", status=410)
+    return approver
 
 
 def csrf_token(token: str, keys: dict[str, bytes], kid: str) -> str:

@@ -97,10 +97,7 @@ class ToolPolicy(BaseModel):
             return f"{tool}: autonomous"
         condition = f" when {self.when}" if self.when else " always"
         who = f", {self.quorum} of {len(self.approvers)} approvers" if self.quorum > 1 else ""
-        stakes = ""
-        if self.high_stakes:
-            stakes = "; typed confirmation" + (f" when {self.high_stakes_when}" if self.high_stakes_when else "")
-        return f"{tool}: needs approval{condition}{who}{stakes}"
+        return f"{tool}: needs approval{condition}{who}"
 
 
 class PolicyVerdict(BaseModel):

@@ -26,7 +26,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class ScrubbedError(Exception):
-    """An unexpected exception retold with its text scrubbed; still retryable, like the original."""
+    """An unexpected exception retold with its text scrubbed; still retryable, like the original.
+
+    Its repr is the original's repr, scrubbed: that is what Restate records for a failed attempt."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def scrub(text: str) -> str:
@@ -39,7 +44,7 @@ def _retold(exc: Exception) -> Exception:
         return TerminalError(scrub(exc.message), status, exc.metadata)
     if isinstance(exc, RetryableError):
         return RetryableError(scrub(exc.message), exc.status_code, exc.retry_after)
-    return ScrubbedError(scrub(f"{type(exc).__name__}: {exc}"))
+    return ScrubbedError(scrub(repr(exc)))
 
 
 def scrubbed(action: F) -> F:

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 SigningKeys = Annotated[dict[str, bytes], NoDecode]
@@ -25,6 +25,7 @@ class Settings(BaseSettings):
 
     countersign_env: Literal["dev", "test", "production"] = "production"
     restate_ingress_url: str = "http://127.0.0.1:8080"
+    restate_admin_url: str = "http://127.0.0.1:9070"
     approvals_public_url: str = "http://127.0.0.1:9080"
     approvals_signing_keys: SigningKeys = Field(default_factory=dict)
     approvals_outbox_dir: Path = Path(".outbox")
@@ -32,11 +33,24 @@ class Settings(BaseSettings):
     resend_api_key: str | None = None
     resend_from: str = "Countersign <approvals@countersign.local>"
     resend_webhook_secret: str | None = None
+    resend_api_url: str | None = None
+    resend_timeout_seconds: float = Field(default=20.0, gt=0, le=50)
+    approvals_security_contact: str | None = Field(default=None, pattern=r"^[^@\s<>\"']{1,64}@[A-Za-z0-9.-]{1,190}$")
     restate_identity_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     countersign_journal_keys: SigningKeys = Field(default_factory=dict)
     model: str = "scripted"
+    # The providers' own variables, passed to their SDKs explicitly.
+    openai_api_key: SecretStr | None = None
+    openai_base_url: str | None = None
+    anthropic_api_key: SecretStr | None = None
+    anthropic_base_url: str | None = None
+    model_timeout_seconds: float = Field(default=60.0, gt=0, le=600)
+    model_max_attempts: int = Field(default=5, ge=1, le=20)
+    model_max_malformed_turns: int = Field(default=3, ge=1, le=20)
+    model_max_tokens: int = Field(default=4096, ge=256, le=128_000)
     demo_db: Path = Path(".demo/business.db")
     agent_max_turns: int = Field(default=20, ge=1, le=200)
+    trust_ramp_min_decisions: int = Field(default=20, ge=1)
     countersign_fault: str | None = None
 
     @field_validator("approvals_signing_keys", mode="before")
@@ -75,12 +89,39 @@ class Settings(BaseSettings):
             return {str(k): bytes(v) for k, v in raw.items()}
         return parse_journal_keys(str(raw or ""))
 
-    @field_validator("approvals_public_url", "restate_ingress_url")
+    @field_validator("openai_api_key", "anthropic_api_key", "openai_base_url", "anthropic_base_url", mode="before")
     @classmethod
-    def _strip_slash(cls, url: str) -> str:
+    def _empty_is_unset(cls, raw: object) -> object:
+        return None if isinstance(raw, str) and not raw.strip() else raw
+
+    @field_validator("openai_base_url", "anthropic_base_url")
+    @classmethod
+    def _provider_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s) URL")
+        return url
+
+    @field_validator("approvals_public_url", "restate_ingress_url", "restate_admin_url", "resend_api_url")
+    @classmethod
+    def _strip_slash(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
         if not url.startswith(("http://", "https://")):
             raise ValueError("must be an http(s) URL")
         return url.rstrip("/")
+
+    @field_validator("resend_webhook_secret")
+    @classmethod
+    def _check_webhook_secret(cls, secret: str | None) -> str | None:
+        if secret is None:
+            return None
+        try:
+            decoded = base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+        except binascii.Error:
+            decoded = b""
+        if len(decoded) < 16:
+            raise ValueError("must be the whsec_... signing secret of the Resend webhook (base64, >= 16 bytes)")
+        return secret
 
     @property
     def is_dev(self) -> bool:

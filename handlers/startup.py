@@ -23,7 +23,6 @@ def configure_logging() -> None:
 
 def check(settings: Settings) -> None:
     require_signing_keys(settings)
-    require_production_keys(settings)
     default_registry()
     try:
         check_model(settings.model)
@@ -34,3 +33,4 @@ def check(settings: Settings) -> None:
             settings.approvals_outbox_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise SystemExit(f"APPROVALS_OUTBOX_DIR {settings.approvals_outbox_dir}: {exc}") from None
+    require_production_keys(settings)

@@ -15,7 +15,7 @@ from handlers.contract import ApprovalState, DecisionSource
 
 CANCEL_PROMISE = "cancel"
 
-VerdictKind = Literal["approve", "reject", "expire", "cancel", "escalate", "undeliverable", "close"]
+VerdictKind = Literal["approve", "reject", "expire", "cancel", "escalate", "reassign", "undeliverable", "close"]
 
 
 class Verdict(BaseModel):
@@ -30,6 +30,7 @@ class Verdict(BaseModel):
     source: DecisionSource = "human"
     client: str = ""
     closes_as: ApprovalState | None = None
+    to: str | None = None
 
 
 def slot_promise(approval_id: str, round_: int, slot: int) -> str:

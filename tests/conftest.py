@@ -97,7 +97,7 @@ def isolated_stack(tmp_path: Path) -> Iterator[StackFactory]:
             }
             app = start_registered_app(restate, env=env, log_path=root / "app.log")
             cleanup.callback(app.stop)
-            client = Ingress(restate.ingress_url, app.env.get("COUNTERSIGN_JOURNAL_KEYS") or None)
+            client = Ingress(restate.ingress_url, restate.journal_keys or None)
             cleanup.callback(client.close)
             return IsolatedStack(
                 restate=restate, app=app, ingress=client, env=app.env, outbox_dir=outbox, db_path=db_path

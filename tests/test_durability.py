@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+import httpx
 import pytest
 from support.approver import form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
@@ -41,7 +43,8 @@ def test_kill9_handler_while_pending_then_approve(isolated_stack: StackFactory) 
     assert result["status"] == "completed"
     assert result["actions"][0]["outcome"] == "approved"
     assert refunds_for(stack.db_path, "kill-app") == [("kill-app/0", order, 80000)]
-    assert len(list(stack.outbox_dir.glob("*.eml"))) == 1
+    kinds = sorted(path.name.split("_")[0] for path in stack.outbox_dir.glob("*.eml"))
+    assert kinds == ["approval-outcome", "approval-receipt", "approval-request"], "one email per intent"
 
 
 @pytest.mark.slow
@@ -70,7 +73,10 @@ def test_kill9_handler_inside_the_tool_step_runs_the_effect_once(isolated_stack:
     order = new_order(stack.db_path, 100000)
     stack.ingress.start_run("kill-mid-step", refund(order))
     [mail] = wait_for_email(stack.outbox_dir, "kill-mid-step")
-    assert submit(mail.link, "approve").status_code == 200
+    csrf = form_csrf(mail.link)
+    # The page is served by the process the fault kills, so its answer may be lost; the row counts.
+    with contextlib.suppress(httpx.HTTPError):
+        submit(mail.link, "approve", csrf=csrf)
     wait_until(lambda: not stack.app.alive(), 30, "the fault to kill the handler")
     assert refunds_for(stack.db_path, "kill-mid-step") == [("kill-mid-step/0", order, 80000)]
 

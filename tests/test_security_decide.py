@@ -163,7 +163,7 @@ def test_high_stakes_needs_the_typed_value_on_the_page_and_directly(
     [pending] = ingress.status(run_id)["pending"]
     assert pending["tool"] == "issue_refund"
     record = ingress.status(run_id)["approvals"][0]
-    assert record["confirm_field"] == "amount_usd" and "typed confirmation" in record["policy"]
+    assert record["confirm_field"] == "amount_usd"
     token = token_of(mail.link)
     for typed in ("", "150", "1500.01", "c_17", "1500.001"):
         direct = ingress.call("AgentRun", run_id, "decide", {"token": token, "verdict": "approve", "confirm": typed})

@@ -8,9 +8,9 @@ import base64
 import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -28,12 +28,23 @@ from handlers.redact import ScrubbedError, clean_failures, scrub, scrubbed
 from handlers.settings import Settings, parse_journal_keys
 from handlers.tools import default_registry
 
+T = TypeVar("T")
 K1, K0 = os.urandom(32), os.urandom(32)
 VALUE = json.dumps({"requester": "alice@example.com", "reason": "damaged in transit"}).encode()
 
 
 def b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode()
+
+
+def finish(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never waits on I/O, without an event loop (another test's may be running)."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return cast(T, done.value)
+    coroutine.close()
+    raise AssertionError("the coroutine waited on something")
 
 
 # -- journal cipher -------------------------------------------------------------------------------
@@ -45,7 +56,7 @@ def test_cipher_seals_as_a_json_envelope_and_opens_it() -> None:
     assert sealed.startswith(ENVELOPE) and b"alice" not in sealed and b"damaged" not in sealed
     assert list(json.loads(sealed)) == ["countersign:v1"]
     assert cipher.encode(VALUE) != sealed, "a fresh nonce per value"
-    assert cipher.open(sealed) == VALUE and asyncio.run(cipher.decode(sealed)) == VALUE
+    assert cipher.open(sealed) == VALUE and finish(cipher.decode(sealed)) == VALUE
 
 
 def test_cipher_rotation_first_key_seals_all_open() -> None:
@@ -59,7 +70,7 @@ def test_cipher_rotation_first_key_seals_all_open() -> None:
         JournalCipher({"j0": K1}).open(old)
 
 
-def test_cipher_refuses_every_altered_byte() -> None:
+def test_cipher_refuses_every_altered_character() -> None:
     cipher = JournalCipher({"j1": K1})
     sealed = cipher.encode(VALUE)
     start = len(ENVELOPE) + len(b"j1.")
@@ -177,9 +188,9 @@ def test_scrubbed_steps_fail_without_personal_data_or_causes() -> None:
         raise RetryableError("busy for carol@example.com", 503)
 
     plain = raises(scrubbed(sync_fail))
-    assert isinstance(plain, ScrubbedError) and repr(plain) == "ScrubbedError('RuntimeError: failed for [email]')"
+    assert isinstance(plain, ScrubbedError) and repr(plain) == "RuntimeError('failed for [email]')"
     assert plain.__cause__ is None and plain.__suppress_context__
-    terminal = raises(lambda: asyncio.run(scrubbed(async_fail)()))
+    terminal = raises(lambda: finish(scrubbed(async_fail)()))
     assert isinstance(terminal, TerminalError) and (terminal.message, terminal.status_code) == (
         "no such user [email]",
         404,
@@ -207,7 +218,7 @@ def in_invocation(error: BaseException) -> BaseException:
         async with clean_failures():
             raise error
 
-    return raises(lambda: asyncio.run(handler()))
+    return raises(lambda: finish(handler()))
 
 
 def test_invocation_failures_are_scrubbed_and_bad_input_is_a_400() -> None:
@@ -240,7 +251,6 @@ def test_high_stakes_policies() -> None:
     assert evaluate("issue_refund", refund.policy, {"amount_usd": "1000.01"}).high_stakes
     assert not evaluate("issue_refund", refund.policy, {"amount_usd": "100.00"}).high_stakes, "not even gated"
     assert evaluate("delete_customer", delete.policy, {"customer_id": "c_1"}).high_stakes
-    assert "typed confirmation when amount_usd > 1000" in refund.policy.describe("issue_refund")
     with pytest.raises(ValidationError, match="needs high_stakes"):
         ToolPolicy(gated=True, approvers=("a@example.com",), high_stakes_when="amount_usd > 5")
     with pytest.raises(ValidationError, match="both low_risk and high_stakes"):

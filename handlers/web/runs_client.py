@@ -9,15 +9,19 @@ is opened, exactly as the endpoint does.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
 import restate
 
+from handlers.audit import AuditEntry
 from handlers.codec import JournalValueUnreadable
 from handlers.contract import Decision, DecisionReceipt, RunStatus
+from handlers.inbox import InboxView
 
+log = logging.getLogger("countersign.web")
 SERVICE = "AgentRun"
 _JSON = {"content-type": "application/json"}
 
@@ -41,13 +45,27 @@ class RunsClient:
         raw = await self._call("decide", run_id, decision.model_dump_json().encode(), idempotency_key)
         return DecisionReceipt.model_validate_json(raw)
 
-    async def _call(self, handler: str, run_id: str, body: bytes | None, idempotency_key: str | None) -> bytes:
+    async def inbox(self, approver: str) -> InboxView:
+        return InboxView.model_validate_json(await self._call("pending", approver, None, None, service="ApprovalInbox"))
+
+    async def note(self, entry: AuditEntry) -> None:
+        """Append to an approval's audit trail (idempotent by entry id); a failure is not the reader's problem."""
+        try:
+            await self._client.generic_send(
+                "ApprovalAudit", "append", entry.model_dump_json().encode(), key=entry.approval_id, headers=_JSON
+            )
+        except (restate.HttpError, httpx.HTTPError):
+            log.warning("could not record a page view for %s", entry.approval_id)
+
+    async def _call(
+        self, handler: str, key: str, body: bytes | None, idempotency_key: str | None, service: str = SERVICE
+    ) -> bytes:
         try:
             return await self._client.generic_call(
-                SERVICE,
+                service,
                 handler,
                 body or b"",
-                key=run_id,
+                key=key,
                 idempotency_key=idempotency_key,
                 headers=_JSON if body is not None else None,
             )

@@ -269,6 +269,8 @@ class RestateServer:
     binary: Path
     identity_key: str
     """The public key (publickeyv1_...) of the key this server signs its requests with."""
+    journal_keys: str = ""
+    """COUNTERSIGN_JOURNAL_KEYS of the app registered with this server (operator tools need them)."""
 
     @classmethod
     def start(cls, base_dir: Path, *, extra_env: dict[str, str] | None = None) -> RestateServer:
@@ -610,6 +612,7 @@ def start_registered_app(restate: RestateServer, *, env: dict[str, str], log_pat
     except BaseException:
         app.stop()
         raise
+    restate.journal_keys = app_env.get("COUNTERSIGN_JOURNAL_KEYS", "")
     return app
 
 

@@ -1,0 +1,81 @@
+"""`ApprovalInbox`: a Virtual Object per approver (key = email) listing what waits for them.
+
+Guarantee: it changes only through `apply`, which runs receive as journaled one-way sends on every
+transition (requested, reminded, escalated, reassigned, decided, closed), so it converges on the
+runs' own state; applying the same event twice changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import restate
+from pydantic import BaseModel, Field
+from restate import ObjectContext, ObjectSharedContext
+
+InboxChange = Literal["add", "remind", "remove"]
+
+
+class InboxEntry(BaseModel):
+    approval_id: str
+    run_id: str
+    tenant: str
+    tool: str
+    summary: str
+    digest: str
+    round: int
+    requested_at: float
+    deadline: float
+    reminders: int = 0
+
+
+class InboxEvent(BaseModel):
+    change: InboxChange
+    entry: InboxEntry
+    why: str = ""
+
+
+class InboxItem(InboxEntry):
+    age_seconds: float
+    left_seconds: float
+
+
+class InboxView(BaseModel):
+    approver: str
+    pending: list[InboxItem] = Field(default_factory=list)
+
+
+class _Entries(BaseModel):
+    items: dict[str, InboxEntry] = Field(default_factory=dict)
+
+
+approval_inbox = restate.VirtualObject("ApprovalInbox", description="Pending approvals of one approver.")
+_KEY = "entries"
+
+
+@approval_inbox.handler(name="apply")
+async def apply(ctx: ObjectContext, event: InboxEvent) -> None:
+    """Apply one transition from a run. Idempotent: an older round never overwrites a newer one."""
+    entries = await ctx.get(_KEY, type_hint=_Entries) or _Entries()
+    current = entries.items.get(event.entry.approval_id)
+    if current is not None and current.round > event.entry.round:
+        return
+    if event.change == "remove":
+        entries.items.pop(event.entry.approval_id, None)
+    elif event.change == "remind" and current is not None:
+        current.reminders = max(current.reminders, event.entry.reminders)
+    else:
+        entries.items[event.entry.approval_id] = event.entry
+    ctx.set(_KEY, entries)
+
+
+@approval_inbox.handler(name="pending", kind="shared")
+async def pending(ctx: ObjectSharedContext) -> InboxView:
+    """What waits for this approver, oldest first, with age and time left."""
+    entries = await ctx.get(_KEY, type_hint=_Entries) or _Entries()
+    now = await ctx.time()
+    items = [
+        InboxItem(**e.model_dump(), age_seconds=round(now - e.requested_at, 1), left_seconds=round(e.deadline - now, 1))
+        for e in sorted(entries.items.values(), key=lambda e: e.requested_at)
+    ]
+    return InboxView(approver=ctx.key(), pending=items)

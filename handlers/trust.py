@@ -1,0 +1,110 @@
+"""The trust ramp: per tool, how people decide, and when gating it costs more than it protects.
+
+Guarantee: `ToolStats` (a Virtual Object per tool) counts each approval once (by approval id) from
+journaled sends of the runs; `TrustRamp/report` returns every tool's figures as JSON. The
+graduation hint appears only after enough human decisions with no rejection and no edit.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import restate
+from pydantic import BaseModel, Field
+from restate import Context, ObjectContext, ObjectSharedContext
+
+from handlers.settings import get_settings
+from handlers.tools import default_registry
+
+MAX_SAMPLES = 2000
+
+
+class OutcomeSample(BaseModel):
+    approval_id: str
+    outcome: str
+    human: bool
+    seconds_to_decision: float | None = None
+    edited: bool = False
+
+
+class _Samples(BaseModel):
+    samples: list[OutcomeSample] = Field(default_factory=list)
+    counts: dict[str, int] = Field(default_factory=dict)
+
+
+class ToolFigures(BaseModel):
+    tool: str
+    total: int
+    counts: dict[str, int]
+    human_decisions: int
+    approval_rate: float | None
+    rejection_rate: float | None
+    edit_rate: float | None
+    expiry_rate: float | None
+    median_seconds_to_decision: float | None
+    p90_seconds_to_decision: float | None
+    graduation_hint: str | None
+
+
+class TrustReport(BaseModel):
+    tools: list[ToolFigures]
+
+
+tool_stats = restate.VirtualObject("ToolStats", description="Decision figures of one gated tool.")
+trust_ramp = restate.Service("TrustRamp", description="Decision figures of every tool, for the trust ramp.")
+
+
+@tool_stats.handler(name="record")
+async def record(ctx: ObjectContext, sample: OutcomeSample) -> None:
+    data = await ctx.get("samples", type_hint=_Samples) or _Samples()
+    if any(s.approval_id == sample.approval_id for s in data.samples):
+        return
+    data.samples = [*data.samples, sample][-MAX_SAMPLES:]
+    data.counts[sample.outcome] = data.counts.get(sample.outcome, 0) + 1
+    ctx.set("samples", data)
+
+
+@tool_stats.handler(name="stats", kind="shared")
+async def stats(ctx: ObjectSharedContext) -> ToolFigures:
+    data = await ctx.get("samples", type_hint=_Samples) or _Samples()
+    return figures(ctx.key(), data.samples, data.counts, get_settings().trust_ramp_min_decisions)
+
+
+def figures(tool: str, samples: list[OutcomeSample], counts: dict[str, int], min_decisions: int) -> ToolFigures:
+    total = sum(counts.values())
+    human = [s for s in samples if s.human]
+    approved = sum(1 for s in human if s.outcome in ("approved", "approved_with_edits"))
+    rejected = sum(1 for s in human if s.outcome == "rejected")
+    edited = sum(1 for s in human if s.edited)
+    expired = counts.get("expired", 0)
+    times = sorted(s.seconds_to_decision for s in human if s.seconds_to_decision is not None)
+
+    def rate(n: int, of: int) -> float | None:
+        return round(n / of, 3) if of else None
+
+    hint = None
+    if len(human) >= min_decisions and rejected == 0 and edited == 0:
+        hint = (
+            f"{len(human)} human decisions, none rejected or edited: consider making {tool} autonomous "
+            f"or raising its threshold"
+        )
+    return ToolFigures(
+        tool=tool,
+        total=total,
+        counts=counts,
+        human_decisions=len(human),
+        approval_rate=rate(approved, len(human)),
+        rejection_rate=rate(rejected, len(human)),
+        edit_rate=rate(edited, len(human)),
+        expiry_rate=rate(expired, total),
+        median_seconds_to_decision=round(statistics.median(times), 3) if times else None,
+        p90_seconds_to_decision=round(times[min(len(times) - 1, int(0.9 * len(times)))], 3) if times else None,
+        graduation_hint=hint,
+    )
+
+
+@trust_ramp.handler(name="report")
+async def report(ctx: Context) -> TrustReport:
+    """Every gated tool's figures."""
+    tools = [t.name for t in default_registry() if t.policy.gated]
+    return TrustReport(tools=[await ctx.object_call(stats, key=name, arg=None) for name in tools])

@@ -1,0 +1,59 @@
+"""`GET /inbox/{token}`: an approver's own list of what waits for them, with a link to each.
+
+Guarantee: read-only; the token is signed for one approver and expires; each listed link is a
+fresh approval-link token for that approver's current slot, so the inbox never offers a stale one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from handlers import links
+from handlers.links import LinkInvalid
+from handlers.settings import Settings
+from handlers.web.runs_client import RunCallFailed, RunsClient
+from handlers.web.views import notice, page, remaining, when
+
+
+class InboxPage:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def routes(self) -> list[Route]:
+        return [Route("/inbox/{token}", self.show, methods=["GET", "HEAD"])]
+
+    async def show(self, request: Request) -> Response:
+        runs: RunsClient = request.app.state.runs
+        keys, now = self.settings.approvals_signing_keys, time.time()
+        try:
+            approver = links.check_inbox_token(request.path_params["token"], keys, now)
+            view = await runs.inbox(approver)
+            items = [await self._item(runs, approver, entry.run_id, entry.approval_id, now) for entry in view.pending]
+        except LinkInvalid as exc:
+            return notice(exc.status, "Link not valid", exc.reason)
+        except RunCallFailed as exc:
+            return notice(exc.status, "Try again", exc.message)
+        return page("inbox.html", approver=approver, items=[i for i in items if i is not None])
+
+    async def _item(
+        self, runs: RunsClient, approver: str, run_id: str, approval_id: str, now: float
+    ) -> dict[str, Any] | None:
+        status = await runs.status(run_id)
+        record = next((a for a in status.approvals if a.approval_id == approval_id), None)
+        if record is None or record.state != "pending":
+            return None
+        slots = [s for s in record.active_slots if record.approvers[s] == approver]
+        if not slots:
+            return None
+        token = links.mint(record, slots[0], self.settings.approvals_signing_keys, self.settings.signing_kid)
+        return {
+            "record": record,
+            "url": f"{self.settings.approvals_public_url}/approvals/{token}",
+            "age": when(record.requested_at),
+            "remaining": remaining(record.deadline, now),
+        }

@@ -1,0 +1,238 @@
+"""Issue 6: inboxes, reassignment, bulk cancel, the audit trail, the trust ramp and the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from support.approver import form_csrf, open_page, submit, wait_for_email
+from support.business import new_order, refunds_for
+from support.processes import REPO, AppServer, Ingress, IsolatedStack, RestateServer, StackFactory, wait_until
+
+
+def refund_task(order: int, amount: str = "700.00") -> dict[str, Any]:
+    step = {"tool": "issue_refund", "args": {"order_id": order, "amount_usd": amount, "reason": "r"}}
+    return {"goal": "ops test", "requester": "alice@example.com", "script": [step]}
+
+
+def cli(restate: RestateServer, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        "RESTATE_INGRESS_URL": restate.ingress_url,
+        "RESTATE_ADMIN_URL": restate.admin_url,
+        "COUNTERSIGN_JOURNAL_KEYS": restate.journal_keys,
+        "PATH": "/usr/bin:/bin",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "handlers", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def inbox(ingress: Ingress, approver: str) -> list[str]:
+    reply = ingress.call("ApprovalInbox", approver, "pending", None)
+    reply.raise_for_status()
+    return [item["approval_id"] for item in reply.json()["pending"]]
+
+
+def test_inbox_follows_approve_reject_and_cancel(
+    app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    runs = [f"{run_id}-{verdict}" for verdict in ("approve", "reject", "cancel")]
+    for run in runs:
+        ingress.start_run(run, refund_task(new_order(demo_db, 100000)))
+    mails = {run: wait_for_email(outbox_dir, run)[0] for run in runs}
+    wanted = {f"{run}-a0" for run in runs}
+    wait_until(lambda: wanted <= set(inbox(ingress, "finance@example.com")), 20, "the inbox to list all three")
+
+    assert submit(mails[runs[0]].link, "approve").status_code == 200
+    assert submit(mails[runs[1]].link, "reject", "no").status_code == 200
+    ingress.call("AgentRun", runs[2], "cancel", {"reason": "stop"})
+    wait_until(lambda: not wanted & set(inbox(ingress, "finance@example.com")), 20, "the inbox to drop them")
+
+
+def test_reassign_moves_the_inbox_and_kills_old_links(
+    app_server: AppServer, restate_server: RestateServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    order = new_order(demo_db, 100000)
+    ingress.start_run(run_id, refund_task(order))
+    [mail] = wait_for_email(outbox_dir, run_id)
+    csrf = form_csrf(mail.link)
+    approval = f"{run_id}-a0"
+    wait_until(lambda: approval in inbox(ingress, "finance@example.com"), 20, "the first inbox")
+
+    bad = cli(restate_server, "reassign", approval, "--to", "not-an-email")
+    assert bad.returncode == 2 and "not an email address" in bad.stderr and "Traceback" not in bad.stderr
+    moved = cli(restate_server, "reassign", approval, "--to", "Carol@Example.com", "--reason", "on leave", "--json")
+    assert moved.returncode == 0, moved.stderr
+    assert json.loads(moved.stdout) == {
+        "approval_id": approval,
+        "accepted": True,
+        "replaced": "finance@example.com",
+        "to": "carol@example.com",
+    }
+    fresh = next(m for m in wait_for_email(outbox_dir, run_id, count=2) if m.message["To"] == "carol@example.com")
+    wait_until(lambda: approval in inbox(ingress, "carol@example.com"), 20, "the new inbox")
+    wait_until(lambda: approval not in inbox(ingress, "finance@example.com"), 20, "the old inbox to drop it")
+
+    assert httpx.get(mail.link, timeout=30).status_code == 410
+    assert submit(mail.link, "approve", "late", csrf=csrf).status_code in (409, 410)
+    again = cli(restate_server, "reassign", approval, "--to", "carol@example.com")
+    assert again.returncode == 1 and "already decides" in again.stderr
+
+    assert submit(fresh.link, "approve").status_code == 200
+    action = ingress.wait_output(run_id).json()["actions"][0]
+    assert action["approved_by"] == ["carol@example.com"]
+    assert refunds_for(demo_db, run_id) == [(f"{run_id}/0", order, 70000)]
+
+
+@pytest.mark.slow
+def test_inbox_survives_a_handler_kill_and_expiry(isolated_stack: StackFactory, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[tools.issue_refund]\ndeadline_seconds = 6\nreminders_seconds = []\nescalate_to = []\n")
+    stack = isolated_stack(app_env={"APPROVALS_POLICY_FILE": str(policy)})
+    stack.ingress.start_run("inbox-kill", refund_task(new_order(stack.db_path, 100000)))
+    wait_for_email(stack.outbox_dir, "inbox-kill")
+    wait_until(lambda: inbox(stack.ingress, "finance@example.com") == ["inbox-kill-a0"], 20, "the inbox entry")
+    stack.app.kill9()
+    stack.app.restart()
+    assert inbox(stack.ingress, "finance@example.com") == ["inbox-kill-a0"]
+    assert stack.ingress.wait_output("inbox-kill", timeout=30).json()["actions"][0]["outcome"] == "expired"
+    wait_until(lambda: inbox(stack.ingress, "finance@example.com") == [], 20, "expiry to clear the inbox")
+
+
+@pytest.mark.slow
+def test_bulk_cancel_and_pending_filters(isolated_stack: StackFactory) -> None:
+    stack = isolated_stack()
+    for run in ("old-1", "old-2"):
+        stack.ingress.start_run(run, refund_task(new_order(stack.db_path, 100000)))
+        wait_for_email(stack.outbox_dir, run)
+    listed = cli(stack.restate, "pending", "--approver", "finance@example.com", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert {r["approval_id"] for r in rows} == {"old-1-a0", "old-2-a0"}
+    assert all(r["tool"] == "issue_refund" and r["approvers"] == ["finance@example.com"] for r in rows)
+    assert json.loads(cli(stack.restate, "pending", "--tool", "delete_customer", "--json").stdout) == []
+    assert json.loads(cli(stack.restate, "pending", "--older-than", "1d", "--json").stdout) == []
+    table = cli(stack.restate, "pending")
+    assert "APPROVAL_ID" in table.stdout and "old-1-a0" in table.stdout
+
+    wait_until(lambda: json.loads(cli(stack.restate, "pending", "--older-than", "1s", "--json").stdout), 20, "age")
+    cancelled = cli(stack.restate, "cancel", "--older-than", "1s", "--reason", "stale", "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert sorted(r["run_id"] for r in json.loads(cancelled.stdout)) == ["old-1", "old-2"]
+    for run in ("old-1", "old-2"):
+        assert stack.ingress.wait_output(run).json()["status"] == "cancelled"
+    assert cli(stack.restate, "cancel", "--reason", "x").returncode == 2
+
+
+def _decided_run(stack: IsolatedStack, run: str, verdict: str, **fields: str) -> None:
+    stack.ingress.start_run(run, refund_task(new_order(stack.db_path, 100000)))
+    [mail] = wait_for_email(stack.outbox_dir, run)
+    csrf = form_csrf(mail.link)
+    origin = {"Origin": stack.app.url}
+    reply = httpx.post(mail.link, data={"csrf": csrf, "verdict": verdict, **fields}, headers=origin, timeout=30)
+    assert reply.status_code == 200, reply.text
+    stack.ingress.wait_output(run)
+
+
+@pytest.mark.slow
+def test_audit_export_verify_and_tampering(isolated_stack: StackFactory, tmp_path: Path) -> None:
+    stack = isolated_stack()
+    _decided_run(stack, "audited", "approve", **{"edit.amount_usd": "650.00"})
+    export = tmp_path / "audit.jsonl"
+    wait_until(
+        lambda: (
+            cli(stack.restate, "audit", "export", "--run", "audited", "--out", str(export)).returncode == 0
+            and '"kind":"outcome"' in export.read_text()
+        ),
+        20,
+        "the outcome entry in the export",
+    )
+    entries = [json.loads(line) for line in export.read_text().splitlines()]
+    kinds = [e["kind"] for e in entries]
+    for kind in ("requested", "email_accepted", "page_viewed", "decided", "executed", "outcome"):
+        assert kind in kinds, kinds
+    requested = entries[kinds.index("requested")]
+    assert requested["details"]["digest"] and requested["details"]["model"] == "scripted"
+    decided = entries[kinds.index("decided")]
+    assert decided["actor"] == "finance@example.com" and decided["details"]["edits"] == {"amount_usd": "650.00"}
+    executed = entries[kinds.index("executed")]
+    assert executed["details"]["idempotency_key"] == "audited/0"
+
+    ok = cli(stack.restate, "audit", "verify", str(export), "--json")
+    assert ok.returncode == 0 and json.loads(ok.stdout) == {"ok": True, "problems": []}
+
+    def tampered(name: str, lines: list[str]) -> subprocess.CompletedProcess[str]:
+        path = tmp_path / name
+        path.write_text("\n".join(lines) + "\n")
+        return cli(stack.restate, "audit", "verify", str(path), "--offline")
+
+    lines = export.read_text().splitlines()
+    changed = lines.copy()
+    changed[kinds.index("decided")] = changed[kinds.index("decided")].replace("finance@", "mallory@")
+    assert "changed entry" in tampered("changed", changed).stdout
+    removed = lines[:2] + lines[3:]
+    assert "removed or reordered" in tampered("removed", removed).stdout
+    reordered = [lines[1], lines[0], *lines[2:]]
+    assert "removed or reordered" in tampered("reordered", reordered).stdout
+    truncated = tmp_path / "truncated.jsonl"
+    truncated.write_text("\n".join(lines[:-1]) + "\n")
+    live = cli(stack.restate, "audit", "verify", str(truncated))
+    assert live.returncode == 1 and "truncated" in live.stdout
+
+
+def _refund_figures(stack: IsolatedStack, total: int) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        reply = cli(stack.restate, "stats", "--json")
+        assert reply.returncode == 0, reply.stderr
+        tools = {t["tool"]: t for t in json.loads(reply.stdout)}
+        return tools["issue_refund"] if tools["issue_refund"]["total"] == total else None
+
+    return wait_until(ready, 20, f"{total} trust-ramp samples")
+
+
+@pytest.mark.slow
+def test_trust_ramp_figures_and_graduation_hint(isolated_stack: StackFactory) -> None:
+    stack = isolated_stack(app_env={"TRUST_RAMP_MIN_DECISIONS": "2"})
+    _decided_run(stack, "t1", "approve")
+    _decided_run(stack, "t2", "approve")
+    clean = _refund_figures(stack, 2)
+    assert clean["approval_rate"] == 1.0 and clean["rejection_rate"] == 0.0
+    assert clean["graduation_hint"] and "issue_refund" in clean["graduation_hint"]
+    assert clean["median_seconds_to_decision"] is not None
+
+    _decided_run(stack, "t3", "reject", reason="too much")
+    _decided_run(stack, "t4", "approve", **{"edit.amount_usd": "100.00"})
+    figures = _refund_figures(stack, 4)
+    assert figures["counts"] == {"approved": 2, "rejected": 1, "approved_with_edits": 1}
+    assert (figures["approval_rate"], figures["rejection_rate"], figures["edit_rate"]) == (0.75, 0.25, 0.25)
+    assert figures["graduation_hint"] is None
+    table = cli(stack.restate, "stats")
+    assert "issue_refund" in table.stdout and "GRADUATION_HINT" in table.stdout
+
+
+def test_show_and_unknown_run(
+    app_server: AppServer, restate_server: RestateServer, ingress: Ingress, run_id: str
+) -> None:
+    ingress.start_run(run_id, {"goal": "Look", "requester": "a@example.com", "script": []})
+    ingress.wait_output(run_id)
+    shown = cli(restate_server, "show", run_id, "--json")
+    assert shown.returncode == 0 and json.loads(shown.stdout)["model"] == "scripted"
+    missing = cli(restate_server, "show", "no-such-run")
+    assert missing.returncode == 1 and "no run no-such-run" in missing.stderr
+
+
+def test_inbox_page(app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str) -> None:
+    ingress.start_run(run_id, refund_task(new_order(demo_db, 100000)))
+    [mail] = wait_for_email(outbox_dir, run_id)
+    [inbox_url] = [u for u in mail.text.split() if "/inbox/" in u]
+    wait_until(lambda: f"{run_id}-a0" in inbox(ingress, "finance@example.com"), 20, "the inbox entry")
+    page = httpx.get(inbox_url, timeout=30)
+    assert page.status_code == 200 and "Refund $700.00" in page.text
+    assert httpx.get(inbox_url[:-3] + "AAA", timeout=30).status_code == 403
+    assert "Refund $700.00" in open_page(mail.link).text
+    ingress.call("AgentRun", run_id, "cancel", {"reason": "cleanup"})
