@@ -60,6 +60,8 @@ class JournalCipher(JournalValueCodec):
             )
         try:
             raw = base64.urlsafe_b64decode(payload + b"=" * (-len(payload) % 4))
+            if base64.urlsafe_b64encode(raw).rstrip(b"=") != payload:
+                raise ValueError("non-canonical base64")
             return aead.decrypt(raw[:_NONCE], raw[_NONCE:], _AAD + kid)
         except (binascii.Error, InvalidTag, ValueError):
             raise JournalValueUnreadable("journal value failed authentication (altered or truncated)") from None
