@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from handlers import ledger, links
+from handlers import confirm, ledger, links
 from handlers.contract import ActionRecord, ApprovalRecord, ApprovalState, Outcome
 from handlers.edits import EditRejected, apply_edits
 from handlers.execute import idempotency_key, recheck, run_tool
@@ -145,6 +145,7 @@ def _freeze(book: RunBook, gated: GatedCall, nonce: str, now: float, batch: list
         round_started_at=now,
         deadline=now + policy.deadline_seconds,
         editable={n: rule.describe() for n, rule in gated.tool.editable.items()} if policy.quorum == 1 else {},
+        confirm_field=confirm.field_for(gated.tool, gated.policy),
         batch=batch,
     )
 

@@ -16,7 +16,9 @@ from support.approver import LINK, submit
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, RestateServer, StackFactory, wait_until
 
+from handlers.codec import JournalCipher
 from handlers.mail.intent import tag_value
+from handlers.settings import parse_journal_keys
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +68,14 @@ def journaled_completion(restate: RestateServer, run_id: str, step: str) -> dict
         if completion and completion["completion_id"] == command["completion_id"]:
             result = completion["result"]
             if "Success" in result:
-                return {"Success": json.loads(bytes(result["Success"]))}
+                return {"Success": json.loads(opened(restate, bytes(result["Success"])))}
             return dict(result)
     raise AssertionError(f"step {step!r} has no journaled result")
+
+
+def opened(restate: RestateServer, value: bytes) -> bytes:
+    """A journaled value as the app wrote it: sealed when its journal is encrypted."""
+    return JournalCipher(parse_journal_keys(restate.journal_keys)).open(value) if restate.journal_keys else value
 
 
 def journaled_result(restate: RestateServer, run_id: str, step: str) -> dict[str, Any]:

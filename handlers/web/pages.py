@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from handlers import links
+from handlers import confirm, links
 from handlers.audit import AuditEntry
 from handlers.contract import ActionRecord, ApprovalRecord, Decision, DecisionReceipt, RunStatus
 from handlers.links import LinkInvalid
@@ -96,6 +96,8 @@ class ApprovalPages:
             goal=status.goal or "",
             intent=request.query_params.get("intent", ""),
             csrf=links.csrf_token(token, self.settings.approvals_signing_keys, self.settings.signing_kid),
+            confirm_label=confirm.label(record),
+            confirm_value=confirm.expected(record),
             deadline=wording.deadline(record.deadline, time.time()),
             requested=wording.moment(record.requested_at),
             fingerprint=record.digest[:12],
@@ -157,6 +159,7 @@ class ApprovalPages:
             verdict=verdict,
             reason=reason,
             edits={k: v for k, v in edits.items() if k in record.editable},
+            confirm=str(form.get("confirm", ""))[:200],
             client=request.headers.get("user-agent", "")[:300],
         )
         key = links.token_fingerprint(f"{token}|{decision.model_dump_json(exclude={'client'})}")

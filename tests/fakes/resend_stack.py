@@ -43,6 +43,6 @@ def resend_stack(root: Path, fake: FakeResend, extra_env: dict[str, str] | None 
         }
         app = start_registered_app(restate, env=env, log_path=root / "app.log")
         cleanup.callback(app.stop)
-        client = Ingress(restate.ingress_url)
+        client = Ingress(restate.ingress_url, restate.journal_keys or None)
         cleanup.callback(client.close)
         yield IsolatedStack(restate=restate, app=app, ingress=client, env=app.env, outbox_dir=outbox, db_path=db_path)
