@@ -19,7 +19,7 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from support.processes import REPO, AppServer, RestateServer, free_port
+from support.processes import DEPLOYMENT_PROTOCOLS, REPO, AppServer, RestateServer, free_port
 
 from handlers import identity
 
@@ -74,9 +74,10 @@ def test_unsigned_or_forged_calls_to_the_endpoint_get_401(app_server: AppServer,
 
 
 def test_registration_and_invocations_through_the_server_work(
-    app_server: AppServer, restate_server: RestateServer
+    app_server: AppServer, restate_server: RestateServer, deployment_protocol: str
 ) -> None:
-    answer = restate_server.register(app_server.restate_uri)
+    # Re-register with the session's own protocol: a forced re-registration replaces the deployment.
+    answer = restate_server.register(app_server.restate_uri, http1=DEPLOYMENT_PROTOCOLS[deployment_protocol])
     assert "AgentRun" in json.dumps(answer)
     reply = httpx.post(f"{restate_server.ingress_url}/AgentRun/identity-probe/status", timeout=30)
     assert reply.status_code == 200
