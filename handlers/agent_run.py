@@ -18,7 +18,7 @@ from restate import DurablePromise, RunOptions, TerminalError, WorkflowContext, 
 from restate.exceptions import RetryableError
 from restate.serde import Serde
 
-from handlers import links
+from handlers import confirm, links
 from handlers.actions import RunMustFail, handle_turn
 from handlers.contract import (
     ActionRecord,
@@ -35,6 +35,7 @@ from handlers.contract import (
     RunResult,
     RunStatus,
 )
+from handlers.delivery import DeliveryFailure, slot_verdict
 from handlers.edits import EditRejected, apply_edits
 from handlers.links import LinkInvalid, LinkState
 from handlers.llm import ModelUnavailable, check_model, load_model
@@ -49,6 +50,7 @@ from handlers.llm.base import (
     Transcript,
 )
 from handlers.llm.prompt import EMPTY_REPLY
+from handlers.redact import clean_failures, scrubbed
 from handlers.run_state import STATE_KEY, RunBook, RunState
 from handlers.settings import get_settings
 from handlers.tools import default_registry
@@ -82,6 +84,7 @@ def _validation_summary(exc: ValidationError) -> str:
 agent_run = restate.Workflow(
     "AgentRun",
     description="An agent run that stops for a person's emailed approval before gated tool calls.",
+    invocation_context_managers=[clean_failures],
 )
 
 
@@ -108,6 +111,7 @@ def _model_retries() -> RunOptions[Any]:
     )
 
 
+@scrubbed
 def _model_turn(model_id: str, task: AgentTask, transcript: Transcript) -> AssistantTurn:
     """One model turn (the body of a journaled step): final refusals end the step, the rest retry."""
     try:
@@ -309,7 +313,7 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
     record = None
     if state is not None and claims.run_id == ctx.key():
         record = state.approvals.get(links.approval_id(ctx.key(), claims.index))
-    if record is None:
+    if record is None or state is None or record.tenant != state.tenant:
         raise TerminalError("This link is not valid.", 403)
     check = await ctx.run_typed("verify link", _check_link, token=decision.token, record=record)
     if check.state == "invalid":
@@ -326,6 +330,9 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
     if decision.verdict == "reject" and not reason:
         raise TerminalError("A reason is required to reject.", 400)
     edits = _checked_edits(record, decision)
+    wanted = confirm.expected(record, edits) if decision.verdict == "approve" else None
+    if wanted is not None and not confirm.matches(decision.confirm, wanted):
+        raise TerminalError(confirm.REFUSAL, 400)
     verdict = Verdict(
         kind=decision.verdict,
         slot=claims.slot,
@@ -456,6 +463,22 @@ async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> Reas
         ctx.promise(slot_promise(record.approval_id, record.round, slot), type_hint=Verdict), verdict
     )
     return ReassignReceipt(approval_id=record.approval_id, accepted=accepted, replaced=record.approvers[slot], to=to)
+
+
+@agent_run.handler(name="delivery_failed")
+async def delivery_failed(ctx: WorkflowSharedContext, failure: DeliveryFailure) -> bool:
+    """An approver's email bounced or was refused: that approver cannot decide this round. The run then
+    waits for the others, escalates, or ends the approval `undeliverable`. False for a stale failure."""
+    state = await ctx.get(STATE_KEY, type_hint=RunState)
+    record = state.approvals.get(failure.approval_id) if state is not None else None
+    if record is None:
+        return False
+    verdict = slot_verdict(record, failure, await ctx.time())
+    if verdict is None:
+        return False
+    return await _complete(
+        ctx.promise(slot_promise(record.approval_id, record.round, failure.slot), type_hint=Verdict), verdict
+    )
 
 
 async def _complete(promise: DurablePromise[Any], value: Any) -> bool:

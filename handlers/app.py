@@ -1,7 +1,10 @@
-"""The one ASGI app: the Restate endpoint under `/restate`, the approval pages, and `/healthz`.
+"""The one ASGI app: the Restate endpoint under `/restate`, the approval pages, the Resend webhook and
+`/healthz`.
 
-Guarantee: any error a page handler did not expect becomes a uniform 500 page with no detail, and
-the Restate endpoint is exactly the SDK's (request identity keys applied when configured).
+Guarantee: any error a page handler did not expect becomes a uniform 500 page with no detail, every
+page response carries the security headers, and the Restate endpoint is exactly the SDK's, with the
+request identity keys and the journal cipher applied when configured (startup requires both outside
+dev); the pages call Restate through a client that uses the same cipher.
 """
 
 from __future__ import annotations
@@ -13,19 +16,25 @@ from contextlib import asynccontextmanager
 import restate
 from restate.server_types import RestateAppT
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 
 from handlers.agent_run import agent_run
 from handlers.audit import approval_audit
+from handlers.codec import journal_codec
+from handlers.delivery import email_delivery
 from handlers.inbox import approval_inbox
 from handlers.settings import Settings
 from handlers.trust import tool_stats, trust_ramp
+from handlers.web.hardening import SecurityHeaders, http_error
 from handlers.web.inbox_page import InboxPage
 from handlers.web.pages import ApprovalPages
 from handlers.web.runs_client import runs_client
 from handlers.web.views import notice
+from handlers.web.webhooks import ResendWebhooks
 
 log = logging.getLogger("countersign.app")
 
@@ -37,8 +46,13 @@ def restate_endpoint(settings: Settings) -> RestateAppT:
         approval_audit,
         tool_stats,
         trust_ramp,
+        email_delivery,
     ]
-    return restate.app(services=services, identity_keys=settings.restate_identity_keys or None)
+    return restate.app(
+        services=services,
+        identity_keys=settings.restate_identity_keys or None,
+        journal_value_codec=journal_codec(settings),
+    )
 
 
 async def healthz(_: Request) -> Response:
@@ -53,17 +67,22 @@ async def unexpected(_: Request, exc: Exception) -> Response:
 def create_app(settings: Settings) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with runs_client(settings.restate_ingress_url) as client:
+        async with runs_client(settings.restate_ingress_url, journal_codec(settings)) as client:
             app.state.runs = client
             yield
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
             *ApprovalPages(settings).routes(),
+            *ResendWebhooks(settings).routes(),
             *InboxPage(settings).routes(),
             Mount("/restate", app=restate_endpoint(settings)),
         ],
         lifespan=lifespan,
-        exception_handlers={Exception: unexpected},
+        middleware=[Middleware(SecurityHeaders)],
+        exception_handlers={HTTPException: http_error, Exception: unexpected},
     )
+    # No redirects at all: Starlette would build the slash-redirect's Location from the Host header.
+    app.router.redirect_slashes = False
+    return app

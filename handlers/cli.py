@@ -1,4 +1,4 @@
-"""Command line: `python -m handlers dev | serve | pending | show | reassign | cancel | audit | stats`.
+"""Command line: `python -m handlers dev | serve | pending | show | reassign | cancel | audit | stats | decode`.
 
 Guarantee: bad arguments print a usage error (exit 2), refused or failed operations a one-line
 reason (exit 1); never a traceback. `--json` gives scripts the same facts the tables show people.
@@ -74,6 +74,11 @@ def parser() -> argparse.ArgumentParser:
     commands.add_parser("stats", help="the trust ramp: per-tool decision figures")
     for sub in (pending, show, reassign, cancel, check, commands.choices["stats"]):
         sub.add_argument("--json", action="store_true", help="machine-readable output")
+    commands.add_parser(
+        "decode",
+        help="open a sealed journal value or ingress answer read from stdin (COUNTERSIGN_JOURNAL_KEYS, "
+        "else the dev stack's key)",
+    )
     return root
 
 
@@ -83,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         from handlers.devstack import run_dev
 
         return run_dev(args.demo)
+    if args.command == "decode":
+        from handlers.devstack import decode_stdin
+
+        return decode_stdin()
     if args.command == "serve":
         return _serve(args.bind)
     if args.command == "cancel" and bool(args.run_id) == bool(args.older_than):

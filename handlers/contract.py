@@ -149,6 +149,7 @@ class ApprovalRecord(BaseModel):
     round_started_at: float
     deadline: float
     editable: dict[str, str] = Field(default_factory=dict)
+    confirm_field: str | None = Field(default=None, description="high stakes: what the approver retypes")
     batch: list[int] = Field(default_factory=list, description="indexes of the approvals asked together")
     change_note: str | None = None
     reminders_sent: int = 0
@@ -205,6 +206,7 @@ class Decision(Strict):
     verdict: Literal["approve", "reject"]
     reason: str = Field(default="", max_length=2000)
     edits: dict[str, str] = Field(default_factory=dict, max_length=20)
+    confirm: str = Field(default="", max_length=200, description="high stakes: the retyped amount, id or fingerprint")
     client: str = Field(default="", max_length=300)
 
 

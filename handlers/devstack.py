@@ -2,12 +2,15 @@
 
 Guarantee: starts restate-server (the pinned npm binary, `restate.toml`, data in `.restate/`),
 serves the handlers on 127.0.0.1:9080, registers them, and on Ctrl-C or SIGTERM stops everything it
-started, by PID. Every wait is bounded; a busy port or a missing binary is a one-line error.
+started, by PID. Every wait is bounded; a busy port or a missing binary is a one-line error. Dev is
+protected like production: restate-server signs its requests with a generated ed25519 key that the
+handlers require, and journal values are sealed with a generated key (all kept in `.restate/`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import platform
@@ -15,17 +18,20 @@ import secrets
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from handlers import startup
+from handlers import identity, startup
+from handlers.codec import JournalCipher, JournalValueUnreadable, journal_codec
 from handlers.server import serve
-from handlers.settings import get_settings
+from handlers.settings import get_settings, parse_journal_keys
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO / ".restate"
+IDENTITY_PEM = DATA_DIR / "identity_private.pem"
 INGRESS, ADMIN, HANDLERS = "127.0.0.1:8080", "127.0.0.1:9070", "127.0.0.1:9080"
 DEMO_GOAL = "Refund order 1042 for $612.40"
 
@@ -46,13 +52,19 @@ def _port_free(address: str) -> bool:
         return sock.connect_ex((host, int(port))) != 0
 
 
-def _dev_signing_keys() -> str:
-    path = DATA_DIR / "dev-signing-keys"
+def _dev_secret(name: str, make: str) -> str:
+    """A generated value kept (owner-only) in `.restate/<name>`, the same on every start."""
+    path = DATA_DIR / name
     if not path.exists():
         DATA_DIR.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"dev1:{secrets.token_urlsafe(32)}\n", encoding="utf-8")
-        path.chmod(0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(make + "\n")
     return path.read_text(encoding="utf-8").strip()
+
+
+def dev_journal_keys() -> str:
+    return _dev_secret("dev-journal-keys", "dev1:" + base64.b64encode(os.urandom(32)).decode())
 
 
 def _wait_ok(url: str, proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
@@ -84,7 +96,10 @@ def run_dev(demo: bool) -> int:
     if busy:
         raise SystemExit(f"ports already in use: {', '.join(busy)} (is another dev stack running?)")
     os.environ.setdefault("COUNTERSIGN_ENV", "dev")
-    os.environ.setdefault("APPROVALS_SIGNING_KEYS", _dev_signing_keys())
+    signing = _dev_secret("dev-signing-keys", f"dev1:{secrets.token_urlsafe(32)}")
+    os.environ.setdefault("APPROVALS_SIGNING_KEYS", signing)
+    os.environ.setdefault("COUNTERSIGN_JOURNAL_KEYS", dev_journal_keys())
+    os.environ.setdefault("RESTATE_IDENTITY_KEYS", identity.ensure_key_pair(IDENTITY_PEM))
     os.environ.setdefault("APPROVALS_PUBLIC_URL", f"http://{HANDLERS}")
     os.environ.setdefault("RESTATE_INGRESS_URL", f"http://{INGRESS}")
     startup.configure_logging()
@@ -105,6 +120,7 @@ def run_dev(demo: bool) -> int:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, identity.PRIVATE_KEY_ENV: str(IDENTITY_PEM)},
         )
     try:
         _wait_ok(f"http://{ADMIN}/health", server, 30)
@@ -145,8 +161,13 @@ async def _serve_and_register(demo: bool) -> None:
         print(_banner())
         if demo:
             run_id = f"demo-{secrets.token_hex(3)}"
-            task = {"goal": DEMO_GOAL, "requester": "alice@example.com"}
-            sent = await client.post(f"http://{INGRESS}/AgentRun/{run_id}/run/send", json=task)
+            task = json.dumps({"goal": DEMO_GOAL, "requester": "alice@example.com"}).encode()
+            codec = journal_codec(get_settings())
+            sent = await client.post(
+                f"http://{INGRESS}/AgentRun/{run_id}/run/send",
+                content=codec.encode(task) if codec else task,
+                headers={"content-type": "application/json"},
+            )
             print(f"started demo run {run_id}: {sent.status_code}; its approval link is logged below")
     await serving
 
@@ -160,5 +181,21 @@ Countersign dev stack is up (Ctrl-C stops everything).
   outbox    {settings.approvals_outbox_dir}/     demo database {settings.demo_db}
 Start a run:
   curl -s -X POST http://{INGRESS}/AgentRun/refund-1/run/send -H 'content-type: application/json' -d '{task}'
-Approval links are logged below as emails are written; the result: curl http://{INGRESS}/restate/workflow/AgentRun/refund-1/output
+Approval links are logged below as emails are written. Results and state are sealed (journal encryption);
+read them with: curl -s http://{INGRESS}/restate/workflow/AgentRun/refund-1/output | .venv/bin/python -m handlers decode
 """
+
+
+def decode_stdin() -> int:
+    """`python -m handlers decode`: print the value on stdin, opened with the journal keys."""
+    keys = get_settings().countersign_journal_keys
+    if not keys and (DATA_DIR / "dev-journal-keys").exists():
+        keys = parse_journal_keys(dev_journal_keys())
+    if not keys:
+        raise SystemExit("COUNTERSIGN_JOURNAL_KEYS is not set (and there is no dev stack key in .restate/)")
+    try:
+        opened = JournalCipher(keys).open(sys.stdin.buffer.read().strip())
+    except JournalValueUnreadable as exc:
+        raise SystemExit(str(exc)) from None
+    sys.stdout.buffer.write(opened + b"\n")
+    return 0

@@ -13,7 +13,8 @@ from typing import Any
 from pydantic import BaseModel
 from restate import RunOptions, TerminalError, WorkflowContext
 
-from handlers.faults import crash_point
+from handlers.faults import crash_point, fail_point
+from handlers.redact import scrubbed
 from handlers.settings import get_settings
 from handlers.tools import default_registry
 from handlers.tools.registry import EffectContext, ToolError
@@ -34,11 +35,13 @@ def idempotency_key(run_id: str, index: int) -> str:
     return f"{run_id}/{index}"
 
 
+@scrubbed
 def _effect(tool_name: str, args: dict[str, Any], key: str) -> ToolRun:
     tool = default_registry().get(tool_name)
     if tool is None:
         return ToolRun(ok=False, error=f"unknown tool {tool_name}")
     try:
+        fail_point(f"fail-in-effect:{tool_name}", f"{tool_name} failed for {args}")
         result = tool.effect(tool.validate(args), EffectContext(get_settings().demo_db, key))
     except ToolError as exc:
         return ToolRun(ok=False, error=str(exc))
@@ -56,6 +59,7 @@ async def run_tool(ctx: WorkflowContext, tool_name: str, args: dict[str, Any], i
         return ToolRun(ok=False, error=f"the tool kept failing and was given up: {exc}")
 
 
+@scrubbed
 def _precondition(tool_name: str, args: dict[str, Any], key: str) -> str | None:
     tool = default_registry().get(tool_name)
     if tool is None or tool.precondition is None:

@@ -1,6 +1,7 @@
-"""Crash points for the fault tests: `COUNTERSIGN_FAULT=<point>` makes the process die there.
+"""Fault points for the fault tests: `COUNTERSIGN_FAULT=<point>` makes the process die (crash
+points) or the step raise (fail points) there.
 
-Guarantee: honoured only when `COUNTERSIGN_ENV=test`; anywhere else a crash point is a no-op.
+Guarantee: honoured only when `COUNTERSIGN_ENV=test`; anywhere else a fault point is a no-op.
 """
 
 from __future__ import annotations
@@ -14,3 +15,10 @@ def crash_point(name: str) -> None:
     settings = get_settings()
     if settings.countersign_env == "test" and settings.countersign_fault == name:
         os._exit(137)
+
+
+def fail_point(name: str, detail: str) -> None:
+    """Raise a plain exception carrying `detail` (e.g. personal data, to test that it is scrubbed)."""
+    settings = get_settings()
+    if settings.countersign_env == "test" and settings.countersign_fault == name:
+        raise RuntimeError(detail)

@@ -17,17 +17,18 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from handlers import ledger, links
+from handlers import confirm, ledger, links
 from handlers.contract import ActionRecord, ApprovalRecord, ApprovalState, Outcome
 from handlers.edits import EditRejected, apply_edits
 from handlers.execute import idempotency_key, recheck, run_tool
 from handlers.llm.base import ToolCall
+from handlers.mail.outcome_email import NoticeOutcome, send_outcome_notice
 from handlers.policy import PolicyVerdict
 from handlers.rounds import closing, open_round
 from handlers.run_state import RunBook
 from handlers.tools.registry import Tool
 from handlers.verdict import Verdict, state_of
-from handlers.waiting import Waiter, wait_all
+from handlers.waiting import Waiter, send_step, wait_all
 
 _DIGEST_DOMAIN = b"countersign.action.v1\x00"
 MAX_REAPPROVALS = 2
@@ -40,6 +41,17 @@ _OUTCOME_OF: dict[ApprovalState, Outcome] = {
     "superseded": Outcome.SUPERSEDED,
     "undeliverable": Outcome.UNDELIVERABLE,
     "failed": Outcome.FAILED,
+}
+
+
+_NOTICE: dict[Outcome, NoticeOutcome] = {
+    Outcome.APPROVED: "executed",
+    Outcome.APPROVED_WITH_EDITS: "executed",
+    Outcome.FAILED: "failed",
+    Outcome.REJECTED: "rejected",
+    Outcome.EXPIRED: "expired",
+    Outcome.UNDELIVERABLE: "undeliverable",
+    Outcome.SUPERSEDED: "superseded",
 }
 
 
@@ -93,7 +105,22 @@ async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateRes
     for waiter in waiters:
         ledger.requested(book, waiter.record)
     finals = await wait_all(book, waiters, "request")
-    return [await _act(book, gated, waiter, final) for gated, waiter, final in zip(calls, waiters, finals, strict=True)]
+    results = []
+    for gated, waiter, final in zip(calls, waiters, finals, strict=True):
+        result = await _act(book, gated, waiter, final)
+        await _tell_requester(book, waiter.record, result.action)
+        results.append(result)
+    return results
+
+
+async def _tell_requester(book: RunBook, record: ApprovalRecord, action: ActionRecord) -> None:
+    """The outcome notice to the person who asked for the run (none when the run was cancelled)."""
+    outcome = _NOTICE.get(action.outcome)
+    if outcome is None:
+        return
+    error = (action.result or {}).get("error") or action.reason
+    name = f"email outcome #{record.index}"
+    await send_step(book.ctx, name, send_outcome_notice, record, outcome, action.result, error)
 
 
 def _freeze(book: RunBook, gated: GatedCall, nonce: str, now: float, batch: list[int]) -> ApprovalRecord:
@@ -118,6 +145,7 @@ def _freeze(book: RunBook, gated: GatedCall, nonce: str, now: float, batch: list
         round_started_at=now,
         deadline=now + policy.deadline_seconds,
         editable={n: rule.describe() for n, rule in gated.tool.editable.items()} if policy.quorum == 1 else {},
+        confirm_field=confirm.field_for(gated.tool, gated.policy),
         batch=batch,
     )
 

@@ -3,10 +3,13 @@
 Guarantee: a token names only where to look (run, action index, approver slot, round, expiry) and
 carries no personal data; its HMAC-SHA256 tag covers those fields *and* the server-side record
 (tenant, approval id, approver, round nonce, action digest), so a token is valid only for the exact
-frozen action, person and round it was minted for. Tags are compared in constant time.
+frozen action, person and round it was minted for. Tags are compared in constant time. The MAC key is
+a per-tenant subkey derived from the key id's secret, so a token made for one tenant is refused for
+every other, and a component given one tenant's subkey cannot mint links for another.
 
 Why not itsdangerous: it signs only what the token carries. Binding the digest, tenant and approver
-without putting them (or personal data) in the URL needs the record's values in the MAC input.
+without putting them (or personal data) in the URL needs the record's values in the MAC input; and
+its key rotation tries every key in turn, where a key id says which one to use.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from handlers.contract import ApprovalRecord
 VERSION = "v1"
 _DOMAIN = b"countersign.approval-link.v1\x00"
 _CSRF_DOMAIN = b"countersign.csrf.v1\x00"
+_TENANT_DOMAIN = b"countersign.tenant-key.v1\x00"
 _INBOX_DOMAIN = b"countersign.inbox.v1\x00"
 INBOX_LINK_DAYS = 30
 _MAX_TOKEN = 400
@@ -147,7 +151,9 @@ def csrf_token(token: str, keys: dict[str, bytes], kid: str) -> str:
 
 
 def csrf_ok(token: str, supplied: str, keys: dict[str, bytes]) -> bool:
-    return any(hmac.compare_digest(csrf_token(token, keys, kid), supplied) for kid in keys)
+    # Bytes, not str: compare_digest raises on non-ASCII text, and the form value is anyone's input.
+    given = supplied.encode("utf-8", errors="replace")
+    return any(hmac.compare_digest(csrf_token(token, keys, kid).encode(), given) for kid in keys)
 
 
 def token_fingerprint(token: str) -> str:
@@ -155,7 +161,12 @@ def token_fingerprint(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
-def _tag(claims: LinkClaims, record: ApprovalRecord, key: bytes) -> bytes:
+def tenant_key(secret: bytes, tenant: str) -> bytes:
+    """The tenant's own MAC key: HMAC-SHA256(secret, domain | tenant)."""
+    return hmac.new(secret, _TENANT_DOMAIN + tenant.encode(), hashlib.sha256).digest()
+
+
+def _tag(claims: LinkClaims, record: ApprovalRecord, secret: bytes) -> bytes:
     approver = record.approvers[claims.slot] if claims.slot < len(record.approvers) else ""
     message = json.dumps(
         {
@@ -175,7 +186,7 @@ def _tag(claims: LinkClaims, record: ApprovalRecord, key: bytes) -> bytes:
         sort_keys=True,
         separators=(",", ":"),
     ).encode()
-    return hmac.new(key, _DOMAIN + message, hashlib.sha256).digest()
+    return hmac.new(tenant_key(secret, record.tenant), _DOMAIN + message, hashlib.sha256).digest()
 
 
 def _b64(raw: bytes) -> str:

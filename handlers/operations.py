@@ -19,6 +19,7 @@ import httpx
 import restate
 
 from handlers.audit import AuditLog, ChainedEntry, verify
+from handlers.codec import JournalValueUnreadable, journal_codec
 from handlers.contract import CancelRequest, ReassignRequest
 from handlers.run_state import RunState
 from handlers.settings import Settings
@@ -43,6 +44,7 @@ def seconds(text: str) -> int:
 class Operations:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.codec = journal_codec(settings)
 
     def _sql(self, query: str) -> list[dict[str, Any]]:
         try:
@@ -61,7 +63,8 @@ class Operations:
 
     def _call(self, service: str, key: str | None, handler: str, body: object | None) -> Any:
         async def call() -> bytes:
-            async with restate.create_client(self.settings.restate_ingress_url) as client:
+            ingress = self.settings.restate_ingress_url
+            async with restate.create_client(ingress, journal_value_codec=self.codec) as client:
                 raw = json.dumps(body).encode() if body is not None else b""
                 headers = {"content-type": "application/json"} if body is not None else None
                 return await client.generic_call(service, handler, raw, key=key, headers=headers)
@@ -72,10 +75,19 @@ class Operations:
             raise OperationError(f"{service}/{handler} refused: {_message(exc.body)}") from None
         except httpx.HTTPError as exc:
             raise OperationError(f"Restate ingress unreachable at {self.settings.restate_ingress_url}: {exc}") from None
+        except JournalValueUnreadable as exc:
+            raise OperationError(f"{service}/{handler}: {exc}") from None
 
     def runs(self) -> list[RunState]:
         rows = self._sql(_RUN_STATES)
-        return [RunState.model_validate_json(row["value_utf8"]) for row in rows if row.get("value_utf8")]
+        return [RunState.model_validate_json(self._open(row["value_utf8"])) for row in rows if row.get("value_utf8")]
+
+    def _open(self, value: str) -> bytes:
+        """A state value as stored: sealed when the journal is encrypted (see handlers.codec)."""
+        try:
+            return self.codec.open(value.encode()) if self.codec else value.encode()
+        except JournalValueUnreadable as exc:
+            raise OperationError(f"run state: {exc}") from None
 
     def pending(
         self, *, approver: str | None = None, tool: str | None = None, older_than: int | None = None, now: float

@@ -47,8 +47,11 @@ class ToolPolicy(BaseModel):
     timeout_outcome: Literal["deny", "allow", "fail"] = "deny"
     low_risk: bool = False
     on_superseded: Literal["reapprove", "tell_model"] = "reapprove"
+    high_stakes: bool = False
+    """High-stakes approvals need the approver to type the amount, id or fingerprint to confirm."""
+    high_stakes_when: str | None = None
 
-    @field_validator("when")
+    @field_validator("when", "high_stakes_when")
     @classmethod
     def _check_condition(cls, when: str | None) -> str | None:
         if when is not None and not _CONDITION.match(when):
@@ -76,6 +79,10 @@ class ToolPolicy(BaseModel):
             raise ValueError("escalation is for single-approver tools (quorum 1)")
         if self.escalate_to and not self.escalate_after_seconds:
             raise ValueError("escalate_to needs escalate_after_seconds")
+        if self.high_stakes_when and not self.high_stakes:
+            raise ValueError("high_stakes_when needs high_stakes = true")
+        if self.high_stakes and self.low_risk:
+            raise ValueError("a tool cannot be both low_risk and high_stakes")
         if self.timeout_outcome == "allow" and not self.low_risk:
             raise ValueError("timeout_outcome 'allow' is only for tools marked low_risk")
         if any(r <= 0 or r >= self.deadline_seconds for r in self.reminders_seconds):
@@ -99,11 +106,13 @@ class PolicyVerdict(BaseModel):
     gated: bool
     rule: str
     policy: ToolPolicy
+    high_stakes: bool = False
 
 
 def evaluate(tool: str, policy: ToolPolicy, args: Mapping[str, Any]) -> PolicyVerdict:
     gated = policy.gated and (policy.when is None or _condition_holds(policy.when, args))
-    return PolicyVerdict(gated=gated, rule=policy.describe(tool), policy=policy)
+    high = policy.high_stakes and (policy.high_stakes_when is None or _condition_holds(policy.high_stakes_when, args))
+    return PolicyVerdict(gated=gated, rule=policy.describe(tool), policy=policy, high_stakes=gated and high)
 
 
 def _condition_holds(when: str, args: Mapping[str, Any]) -> bool:

@@ -17,9 +17,15 @@ from restate import RunOptions
 from handlers.contract import ApprovalRecord, ApprovalState
 from handlers.verdict import Verdict, VerdictKind
 
-# Bounded well under Resend's 24 h idempotency window, so a retry never sends a second email.
+# 5xx/lost connections back off 0.5 s doubling to 10 min (about 1.6 h over 20 attempts); 429s wait
+# Resend's retry-after; 6 h caps it all, far inside Resend's 24 h idempotency window, so a retry
+# never sends a second email.
 EMAIL_RETRIES = RunOptions[Any](
-    max_attempts=8, initial_retry_interval=timedelta(seconds=1), max_duration=timedelta(hours=6)
+    max_attempts=20,
+    initial_retry_interval=timedelta(milliseconds=500),
+    retry_interval_factor=2.0,
+    max_retry_interval=timedelta(minutes=10),
+    max_duration=timedelta(hours=6),
 )
 
 

@@ -6,7 +6,10 @@ else in the package reads `os.environ`.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -14,6 +17,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 SigningKeys = Annotated[dict[str, bytes], NoDecode]
+_IDENTITY_KEY = re.compile(r"^publickeyv1_[1-9A-HJ-NP-Za-km-z]{32,64}$")
 
 
 class Settings(BaseSettings):
@@ -29,7 +33,11 @@ class Settings(BaseSettings):
     resend_api_key: str | None = None
     resend_from: str = "Countersign <approvals@countersign.local>"
     resend_webhook_secret: str | None = None
+    resend_api_url: str | None = None
+    resend_timeout_seconds: float = Field(default=20.0, gt=0, le=50)
+    approvals_security_contact: str | None = Field(default=None, pattern=r"^[^@\s<>\"']{1,64}@[A-Za-z0-9.-]{1,190}$")
     restate_identity_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    countersign_journal_keys: SigningKeys = Field(default_factory=dict)
     model: str = "scripted"
     # The providers' own variables, passed to their SDKs explicitly.
     openai_api_key: SecretStr | None = None
@@ -67,9 +75,19 @@ class Settings(BaseSettings):
     @field_validator("restate_identity_keys", mode="before")
     @classmethod
     def _parse_identity_keys(cls, raw: object) -> list[str]:
-        if isinstance(raw, list):
-            return [str(k) for k in raw]
-        return [k.strip() for k in str(raw or "").split(",") if k.strip()]
+        items = [str(k) for k in raw] if isinstance(raw, list) else str(raw or "").split(",")
+        keys = [k.strip() for k in items if k.strip()]
+        for key in keys:
+            if not _IDENTITY_KEY.match(key):
+                raise ValueError(f"{key[:24]!r}... is not a Restate request identity key (publickeyv1_<base58>)")
+        return keys
+
+    @field_validator("countersign_journal_keys", mode="before")
+    @classmethod
+    def _parse_journal_keys(cls, raw: object) -> dict[str, bytes]:
+        if isinstance(raw, dict):
+            return {str(k): bytes(v) for k, v in raw.items()}
+        return parse_journal_keys(str(raw or ""))
 
     @field_validator("openai_api_key", "anthropic_api_key", "openai_base_url", "anthropic_base_url", mode="before")
     @classmethod
@@ -83,12 +101,27 @@ class Settings(BaseSettings):
             raise ValueError("must be an http(s) URL")
         return url
 
-    @field_validator("approvals_public_url", "restate_ingress_url", "restate_admin_url")
+    @field_validator("approvals_public_url", "restate_ingress_url", "restate_admin_url", "resend_api_url")
     @classmethod
-    def _strip_slash(cls, url: str) -> str:
+    def _strip_slash(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
         if not url.startswith(("http://", "https://")):
             raise ValueError("must be an http(s) URL")
         return url.rstrip("/")
+
+    @field_validator("resend_webhook_secret")
+    @classmethod
+    def _check_webhook_secret(cls, secret: str | None) -> str | None:
+        if secret is None:
+            return None
+        try:
+            decoded = base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+        except binascii.Error:
+            decoded = b""
+        if len(decoded) < 16:
+            raise ValueError("must be the whsec_... signing secret of the Resend webhook (base64, >= 16 bytes)")
+        return secret
 
     @property
     def is_dev(self) -> bool:
@@ -98,6 +131,31 @@ class Settings(BaseSettings):
     def signing_kid(self) -> str:
         """The key that signs new links: the first one listed."""
         return next(iter(self.approvals_signing_keys))
+
+    @property
+    def journal_kid(self) -> str | None:
+        """The key that encrypts new journal values: the first one listed (None: no encryption)."""
+        return next(iter(self.countersign_journal_keys), None)
+
+
+def parse_journal_keys(raw: str) -> dict[str, bytes]:
+    """`kid:base64key[,kid:base64key...]` (32-byte AES keys; standard or URL-safe base64), in order."""
+    keys: dict[str, bytes] = {}
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        kid, sep, encoded = item.strip().partition(":")
+        if not sep or not kid.isalnum() or len(kid) > 16 or kid in keys:
+            raise ValueError("COUNTERSIGN_JOURNAL_KEYS must be comma-separated kid:base64key pairs, distinct kids")
+        standard = encoded.replace("-", "+").replace("_", "/")
+        try:
+            key = base64.b64decode(standard + "=" * (-len(standard) % 4), validate=True)
+        except binascii.Error:
+            key = b""
+        if len(key) != 32:
+            raise ValueError(f"journal key {kid!r} must be 32 random bytes, base64-encoded (AES-256)")
+        keys[kid] = key
+    return keys
 
 
 @functools.cache
@@ -110,4 +168,20 @@ def require_signing_keys(settings: Settings) -> None:
         raise SystemExit(
             "APPROVALS_SIGNING_KEYS is not set: give one or more kid:secret pairs (secret >= 32 chars), "
             "e.g. APPROVALS_SIGNING_KEYS=k1:$(python -c 'import secrets;print(secrets.token_urlsafe(32))')"
+        )
+
+
+def require_production_keys(settings: Settings) -> None:
+    """Outside dev/test, refuse to serve an endpoint anyone can invoke or a journal in plaintext."""
+    if settings.is_dev:
+        return
+    if not settings.restate_identity_keys:
+        raise SystemExit(
+            "RESTATE_IDENTITY_KEYS is not set: without it anyone who can reach the endpoint can invoke it. "
+            "Give the publickeyv1_... key of your Restate server (or set COUNTERSIGN_ENV=dev for local work)."
+        )
+    if not settings.countersign_journal_keys:
+        raise SystemExit(
+            "COUNTERSIGN_JOURNAL_KEYS is not set: journal values (arguments, emails) would be stored in plaintext. "
+            "Give kid:base64key pairs of 32 random bytes, e.g. COUNTERSIGN_JOURNAL_KEYS=j1:$(openssl rand -base64 32)"
         )

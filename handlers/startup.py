@@ -1,7 +1,9 @@
 """Checks run once before serving: the process refuses to start on bad configuration.
 
 Guarantee: missing signing keys, an unreadable policy file, an unknown default model or an
-unwritable outbox stop the process with a one-line reason, before any request is accepted.
+unwritable outbox stop the process with a one-line reason, before any request is accepted; so do
+missing request identity keys or journal keys outside dev/test (an endpoint anyone could invoke, a
+journal in plaintext).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from handlers.llm import ModelUnavailable, check_model
-from handlers.settings import Settings, require_signing_keys
+from handlers.settings import Settings, require_production_keys, require_signing_keys
 from handlers.tools import default_registry
 
 
@@ -31,3 +33,4 @@ def check(settings: Settings) -> None:
             settings.approvals_outbox_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise SystemExit(f"APPROVALS_OUTBOX_DIR {settings.approvals_outbox_dir}: {exc}") from None
+    require_production_keys(settings)

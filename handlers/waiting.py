@@ -20,6 +20,7 @@ from handlers.contract import ApprovalRecord, CancelRequest, Vote
 from handlers.deadlines import can_escalate, next_event
 from handlers.mail.approval_email import MailKind, send_approval_request, send_batch_request
 from handlers.mail.message import SendReceipt
+from handlers.mail.receipt_email import send_decision_receipt
 from handlers.policy import ToolPolicy
 from handlers.rounds import EMAIL_RETRIES, closing, open_round
 from handlers.run_state import RunBook
@@ -76,6 +77,20 @@ class Waiter:
             return verdict if len(record.approvals_in_round()) >= record.quorum else None
         return verdict
 
+    async def take(self, verdict: Verdict) -> Verdict | None:
+        """A verdict that arrived on a slot: count it, confirm a person's decision to them by email,
+        and when an approver cannot be reached, go on without them if the others can still decide."""
+        if verdict.kind == "undeliverable" and verdict.slot >= 0:
+            self.count(verdict)
+            if len(self.record.approvals_in_round()) + len(self.open_slots()) >= self.record.quorum:
+                return None
+            return await self.escalate_or_give_up(verdict.reason)
+        final = self.count(verdict)
+        if verdict.source == "human" and verdict.kind in ("approve", "reject"):
+            name = f"email receipt #{self.record.index} round {verdict.round} slot {verdict.slot}"
+            await send_step(self.ctx, name, send_decision_receipt, self.record, verdict.slot, verdict.client)
+        return final
+
     def conclude(self, final: Verdict) -> Verdict:
         """Mark the approval decided as soon as it is, before the other items of a batch are."""
         self.record.state = state_of(final)
@@ -110,7 +125,7 @@ class Waiter:
         """End the round with `kind`, unless a verdict that raced in decides it first."""
         ending = closing(self.record, kind, self.clock, reason)
         for verdict in await self._close(self.open_slots(), ending):
-            if (final := self.count(verdict)) is not None:
+            if (final := await self.take(verdict)) is not None:
                 return await self.settle(final)
         return ending
 
@@ -139,13 +154,13 @@ class Waiter:
             return final.model_copy(update={"reason": "the deadline passed; policy fails the run"})
         return final
 
-    async def _escalate(self) -> Verdict | None:
+    async def _escalate(self, reason: str | None = None) -> Verdict | None:
         record, policy = self.record, self.policy
         successor = policy.escalate_to[record.escalations]
         for verdict in await self._close(
             self.open_slots(), closing(record, "escalate", self.clock, f"escalated to {successor}")
         ):
-            if (final := self.count(verdict)) is not None:
+            if (final := await self.take(verdict)) is not None:
                 return await self.settle(final)
         opening = await self.ctx.run_typed(f"escalate approval #{record.index} to {successor}", open_round)
         previous = record.active_slots
@@ -154,7 +169,7 @@ class Waiter:
         record.escalations += 1
         self.start_round(opening.nonce, opening.now, note=None)
         ledger.handed_over(self.book, record, previous, "escalated", opening.now)
-        if not await self.notify("escalation", record.active_slots):
+        if not await self.notify("escalation", record.active_slots, reason):
             return await self.escalate_or_give_up()
         return None
 
@@ -165,7 +180,7 @@ class Waiter:
         others = [s for s in self.open_slots() if s != verdict.slot]
         handover = closing(record, "escalate", self.clock, f"reassigned to {verdict.to}; a newer email was sent")
         for raced in await self._close(others, handover):
-            if (final := self.count(raced)) is not None:
+            if (final := await self.take(raced)) is not None:
                 return await self.settle(final)
         opening = await self.ctx.run_typed(f"reassign approval #{record.index} to {verdict.to}", open_round)
         previous = record.active_slots
@@ -176,10 +191,10 @@ class Waiter:
         await self.notify("request", self.open_slots())
         return None
 
-    async def escalate_or_give_up(self) -> Verdict | None:
+    async def escalate_or_give_up(self, reason: str | None = None) -> Verdict | None:
         if can_escalate(self.record, self.policy):
-            return await self._escalate()
-        return await self.close_all("undeliverable", "no approval email could be delivered")
+            return await self._escalate(reason)
+        return await self.close_all("undeliverable", reason or "no approval email could be delivered")
 
     def start_round(self, nonce: str, now: float, note: str | None, keep_approvals: bool = False) -> None:
         record = self.record
@@ -195,7 +210,7 @@ class Waiter:
         self.book.state.phase = "awaiting_approval"
         self.book.save()
 
-    async def notify(self, kind: MailKind, slots: list[int]) -> int:
+    async def notify(self, kind: MailKind, slots: list[int], reason: str | None = None) -> int:
         """Email these slots; returns how many sends the mail backend accepted."""
         delivered = 0
         for slot in slots:
@@ -203,14 +218,16 @@ class Waiter:
             if kind == "reminder":
                 name += f" n{self.record.reminders_sent}"
             goal = self.book.state.goal
-            receipt = await _send(self.ctx, name, send_approval_request, self.record, slot, goal, kind, self.clock)
+            receipt = await send_step(
+                self.ctx, name, send_approval_request, self.record, slot, goal, kind, self.clock, reason
+            )
             if receipt is not None:
                 ledger.emailed(self.book, self.record, slot, kind, receipt.message_id, self.clock)
                 delivered += 1
         return delivered
 
 
-async def _send(ctx: restate.WorkflowContext, name: str, action: Any, *args: Any) -> SendReceipt | None:
+async def send_step(ctx: restate.WorkflowContext, name: str, action: Any, *args: Any) -> SendReceipt | None:
     """One email step; None when the provider refused it for good (the step's retries are bounded)."""
     try:
         receipt: SendReceipt = await ctx.run_typed(name, action, EMAIL_RETRIES, *args)
@@ -233,7 +250,7 @@ async def _notify_batch(book: RunBook, waiters: list[Waiter]) -> dict[int, int]:
         records = [waiters[i].record for i, _ in items]
         slots = [slot for _, slot in items]
         name = f"email batch #{first.index} to {person}"
-        receipt = await _send(book.ctx, name, send_batch_request, records, slots, book.state.goal)
+        receipt = await send_step(book.ctx, name, send_batch_request, records, slots, book.state.goal)
         if receipt is not None:
             for i, slot in items:
                 ledger.emailed(book, waiters[i].record, slot, "batch", receipt.message_id, waiters[i].clock)
@@ -259,9 +276,9 @@ async def wait_all(book: RunBook, waiters: list[Waiter], mail_kind: MailKind) ->
             break
         for waiter in waiters:
             waiter.clock = max(waiter.clock, clock)
-        if await cancel.peek() is not None:
+        if (request := await cancel.peek()) is not None:
             for i in pending:
-                finals[i] = waiters[i].conclude(await waiters[i].close_all("cancel", "the run was cancelled"))
+                finals[i] = waiters[i].conclude(await waiters[i].close_all("cancel", request.reason))
             break
         futures: dict[str, Any] = {
             f"{i}:{slot}": waiters[i].promise(slot).value() for i in pending for slot in waiters[i].open_slots()
@@ -278,7 +295,7 @@ async def wait_all(book: RunBook, waiters: list[Waiter], mail_kind: MailKind) ->
             clock = max(clock, value.at)
             if value.kind == "reassign":
                 outcome = await waiters[i].reassign(value)
-            elif (outcome := waiters[i].count(value)) is not None:
+            elif (outcome := await waiters[i].take(value)) is not None:
                 outcome = await waiters[i].settle(outcome)
         if outcome is not None:
             finals[i] = waiters[i].conclude(outcome)

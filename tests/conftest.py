@@ -82,8 +82,8 @@ def app_server(
 
 
 @pytest.fixture(scope="session")
-def ingress(restate_server: RestateServer) -> Iterator[Ingress]:
-    client = Ingress(restate_server.ingress_url)
+def ingress(restate_server: RestateServer, app_env: dict[str, str]) -> Iterator[Ingress]:
+    client = Ingress(restate_server.ingress_url, app_env["COUNTERSIGN_JOURNAL_KEYS"])
     try:
         yield client
     finally:
@@ -125,7 +125,7 @@ def private_stacks(tmp_path: Path) -> Iterator[StackFactory]:
             }
             app = start_registered_app(restate, env=env, log_path=root / "app.log", http1=http1)
             cleanup.callback(app.stop)
-            client = Ingress(restate.ingress_url)
+            client = Ingress(restate.ingress_url, restate.journal_keys or None)
             cleanup.callback(client.close)
             return IsolatedStack(
                 restate=restate, app=app, ingress=client, env=app.env, outbox_dir=outbox, db_path=db_path

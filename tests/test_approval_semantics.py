@@ -84,10 +84,10 @@ def test_quorum_two_of_two_and_one_rejection_vetoes(
     assert ops.link != security.link and "2 of 2 approvers" in ops.text
 
     csrf = form_csrf(ops.link)
-    assert submit(ops.link, "approve", csrf=csrf).status_code == 200
+    assert submit(ops.link, "approve", csrf=csrf, confirm="c_31").status_code == 200
     wait_until(lambda: ingress.status(run_id)["pending"][0]["approvals"] == 1, 10, "the first approval to count")
     assert ingress.status(run_id)["pending"][0]["quorum"] == 2, "one approval is not enough"
-    double_submit = submit(ops.link, "approve", csrf=csrf)
+    double_submit = submit(ops.link, "approve", csrf=csrf, confirm="c_31")
     assert double_submit.status_code == 200, "an identical resubmission replays the same receipt"
     changed_mind = submit(ops.link, "reject", "on second thought", csrf=csrf)
     assert changed_mind.status_code == 409 and "approved by ops@example.com" in changed_mind.text
@@ -110,7 +110,7 @@ def test_quorum_reached_executes_once(
     ingress.start_run(run_id, task({"tool": "delete_customer", "args": {"customer_id": "c_901", "reason": "gdpr"}}))
     mails = wait_for_email(outbox_dir, run_id, count=2)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        replies = list(pool.map(lambda m: submit(m.link, "approve"), mails))
+        replies = list(pool.map(lambda m: submit(m.link, "approve", confirm="c_901"), mails))
     assert [r.status_code for r in replies] == [200, 200]
     result = ingress.wait_output(run_id).json()
     action = result["actions"][0]

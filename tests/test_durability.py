@@ -43,7 +43,8 @@ def test_kill9_handler_while_pending_then_approve(isolated_stack: StackFactory) 
     assert result["status"] == "completed"
     assert result["actions"][0]["outcome"] == "approved"
     assert refunds_for(stack.db_path, "kill-app") == [("kill-app/0", order, 80000)]
-    assert len(list(stack.outbox_dir.glob("*.eml"))) == 1
+    kinds = sorted(path.name.split("_")[0] for path in stack.outbox_dir.glob("*.eml"))
+    assert kinds == ["approval-outcome", "approval-receipt", "approval-request"], "one email per intent"
 
 
 @pytest.mark.slow

@@ -21,7 +21,12 @@ def refund_task(order: int, amount: str = "700.00") -> dict[str, Any]:
 
 
 def cli(restate: RestateServer, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"RESTATE_INGRESS_URL": restate.ingress_url, "RESTATE_ADMIN_URL": restate.admin_url, "PATH": "/usr/bin:/bin"}
+    env = {
+        "RESTATE_INGRESS_URL": restate.ingress_url,
+        "RESTATE_ADMIN_URL": restate.admin_url,
+        "COUNTERSIGN_JOURNAL_KEYS": restate.journal_keys,
+        "PATH": "/usr/bin:/bin",
+    }
     return subprocess.run(
         [sys.executable, "-m", "handlers", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )

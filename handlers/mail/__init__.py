@@ -1,4 +1,8 @@
-"""Mail: rendering from `email_templates/` and the backends that deliver it."""
+"""Mail: rendering from `email_templates/` and the backends that deliver it.
+
+Guarantee: exactly one backend is in use, chosen by settings: Resend when `RESEND_API_KEY` is set,
+the local `.eml` outbox otherwise.
+"""
 
 from __future__ import annotations
 
@@ -12,5 +16,10 @@ def mailer_for(settings: Settings) -> Mailer:
     if settings.resend_api_key:
         from handlers.mail.resend_backend import ResendMailer
 
-        return ResendMailer(settings.resend_api_key, settings.resend_from)
+        return ResendMailer(
+            settings.resend_api_key,
+            settings.resend_from,
+            api_url=settings.resend_api_url,
+            timeout=settings.resend_timeout_seconds,
+        )
     return OutboxMailer(settings.approvals_outbox_dir, settings.resend_from)

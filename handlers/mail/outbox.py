@@ -43,7 +43,11 @@ class OutboxMailer:
         os.replace(tmp, path)
         for link in email.log_links:
             log.info("approval link for %s: %s (outbox file %s)", ", ".join(email.to), link, path.name)
-        return SendReceipt(backend=self.name, message_id=message_id, idempotency_key=email.idempotency_key)
+        if not email.log_links:
+            log.info("%s email for %s: outbox file %s", email.kind, ", ".join(email.to), path.name)
+        return SendReceipt(
+            backend=self.name, message_id=message_id, idempotency_key=email.idempotency_key, kind=email.kind
+        )
 
     def _render(self, email: OutgoingEmail, message_id: str, boundary: str) -> bytes:
         msg = EmailMessage(policy=SMTP)

@@ -1,19 +1,25 @@
 """Render emails from the Jinja2 templates in `email_templates/` (autoescape on for HTML).
 
-Guarantee: rendering is a pure function of its inputs (no clock, no randomness), so a retried
-send renders byte-identical content for the same journaled values.
+Guarantee: rendering is a pure function of its inputs (no clock, no randomness, no network), so a
+retried send renders byte-identical content for the same journaled values. The HTML part has its
+stylesheet inlined into `style` attributes (mail clients drop `<style>` blocks) and no images.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import css_inline
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
+from handlers.timewords import duration
+
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "email_templates"
+MAX_SUBJECT = 180
 
 
 @functools.cache
@@ -23,19 +29,44 @@ def environment() -> Environment:
         autoescape=select_autoescape(enabled_extensions=("html",), default_for_string=False),
         undefined=StrictUndefined,
         keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
     )
     env.filters["utc"] = format_utc
+    env.filters["duration"] = duration
+    env.filters["argvalue"] = format_arg
+    env.filters["indent_text"] = indent_text
     return env
+
+
+@functools.cache
+def _inliner() -> css_inline.CSSInliner:
+    return css_inline.CSSInliner(load_remote_stylesheets=False, keep_style_tags=False, keep_link_tags=False)
 
 
 def format_utc(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def format_arg(value: Any) -> str:
+    """One argument value as the approver should read it: strings verbatim, the rest as JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def indent_text(value: str, prefix: str = "    ") -> str:
+    """Indent every line of free text (an agent's reason, a goal) in the plain-text part, so it can
+    never pass for one of our own lines, such as a link label."""
+    return "\n".join(prefix + line for line in (value.splitlines() or [""]))
+
+
 def render(name: str, **context: Any) -> tuple[str, str, str]:
     """(subject, text, html) of the template set `<name>.subject.txt`, `<name>.txt`, `<name>.html`."""
     env = environment()
-    subject = env.get_template(f"{name}.subject.txt").render(**context).strip()
+    subject = " ".join(env.get_template(f"{name}.subject.txt").render(**context).split())
+    if len(subject) > MAX_SUBJECT:
+        subject = subject[: MAX_SUBJECT - 1].rstrip() + "…"
     text = env.get_template(f"{name}.txt").render(**context)
-    html = env.get_template(f"{name}.html").render(**context)
-    return " ".join(subject.split()), text, html
+    html = _inliner().inline(env.get_template(f"{name}.html").render(**context))
+    return subject, text, html

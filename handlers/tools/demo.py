@@ -174,20 +174,26 @@ DEMO_TOOLS = [
             reminders_seconds=(4 * 3600,),
             escalate_after_seconds=8 * 3600,
             escalate_to=("finance-lead@example.com",),
+            high_stakes=True,
+            high_stakes_when="amount_usd > 1000",
         ),
         effect=issue_refund,
         summarize=lambda a: f"Refund ${a.amount_usd} to order {a.order_id}",
         editable={"amount_usd": EditRule("decrease_only")},
         precondition=refund_still_possible,
+        confirm_field="amount_usd",
     ),
     Tool(
         name="delete_customer",
         description="Delete a customer record. Irreversible.",
         args_model=DeleteCustomerArgs,
-        policy=ToolPolicy(gated=True, approvers=OPS_AND_SECURITY, quorum=2, deadline_seconds=72 * 3600),
+        policy=ToolPolicy(
+            gated=True, approvers=OPS_AND_SECURITY, quorum=2, deadline_seconds=72 * 3600, high_stakes=True
+        ),
         effect=delete_customer,
         summarize=lambda a: f"Delete customer {a.customer_id}",
         precondition=customer_still_exists,
+        confirm_field="customer_id",
     ),
     Tool(
         name="email_customer",

@@ -48,6 +48,8 @@ class Tool:
     editable: Mapping[str, EditRule] = field(default_factory=dict)
     precondition: Callable[[Any, EffectContext], str | None] | None = None
     """Checked right before execution; returns what changed in the world since approval, or None."""
+    confirm_field: str | None = None
+    """The argument an approver retypes to confirm a high-stakes call (else the fingerprint)."""
 
     def validate(self, raw: Mapping[str, Any]) -> BaseModel:
         return self.args_model.model_validate(dict(raw))
@@ -63,6 +65,9 @@ class Registry:
         if unknown:
             raise SystemExit(f"APPROVALS_POLICY_FILE names unknown tools: {sorted(unknown)}")
         source = f"APPROVALS_POLICY_FILE {policy_file}"
+        for tool in tools:
+            if tool.confirm_field and tool.confirm_field not in tool.args_model.model_fields:
+                raise SystemExit(f"tool {tool.name}: confirm_field {tool.confirm_field!r} is not one of its arguments")
         self._tools = {t.name: replace(t, policy=merge(t.policy, overrides.get(t.name), source=source)) for t in tools}
 
     def get(self, name: str) -> Tool | None:

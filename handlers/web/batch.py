@@ -13,7 +13,7 @@ from typing import Literal
 from starlette.datastructures import FormData
 from starlette.responses import Response
 
-from handlers import links
+from handlers import confirm, links
 from handlers.contract import ApprovalRecord, Decision, DecisionReceipt, RunStatus
 from handlers.settings import Settings
 from handlers.web.runs_client import RunCallFailed, RunsClient
@@ -24,7 +24,7 @@ def items_for(status: RunStatus, record: ApprovalRecord, approver: str) -> list[
     """(item, this approver's slot) for every item of the batch this approver is asked about."""
     found = []
     for item in status.approvals:
-        if item.index in record.batch:
+        if item.index in record.batch and item.tenant == record.tenant:
             slots = [s for s in item.active_slots if item.approvers[s] == approver]
             if slots:
                 found.append((item, slots[0]))
@@ -43,6 +43,8 @@ def render(settings: Settings, token: str, status: RunStatus, record: ApprovalRe
             "open": item.state == "pending" and not voted(item, slot),
             "deadline": when(item.deadline),
             "remaining": remaining(item.deadline, now),
+            "confirm_label": confirm.label(item),
+            "confirm_value": confirm.expected(item),
         }
         for item, slot in items_for(status, record, approver)
     ]
@@ -74,7 +76,8 @@ async def decide_items(
     outcomes: list[tuple[ApprovalRecord, DecisionReceipt | None, str]] = []
     for item, slot, verdict, reason in chosen:
         item_token = links.mint(item, slot, settings.approvals_signing_keys, settings.signing_kid)
-        decision = Decision(token=item_token, verdict=verdict, reason=reason, client=client)
+        typed = str(form.get(f"confirm.{item.index}", ""))[:200]
+        decision = Decision(token=item_token, verdict=verdict, reason=reason, confirm=typed, client=client)
         key = links.token_fingerprint(f"{item_token}|{decision.model_dump_json(exclude={'client'})}")
         try:
             outcomes.append((item, await runs.decide(item.run_id, decision, key), ""))

@@ -17,14 +17,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from handlers import links
+from handlers import confirm, links
 from handlers.audit import AuditEntry
-from handlers.contract import ApprovalRecord, Decision, DecisionReceipt, RunStatus
+from handlers.contract import ActionRecord, ApprovalRecord, Decision, DecisionReceipt, RunStatus
 from handlers.links import LinkInvalid
 from handlers.settings import Settings
-from handlers.web import batch
+from handlers.web import batch, wording
 from handlers.web.runs_client import RunCallFailed, RunsClient
-from handlers.web.views import notice, page, remaining, when
+from handlers.web.views import notice, page
 
 
 def _viewed(record: ApprovalRecord, slot: int, request: Request) -> AuditEntry:
@@ -77,7 +77,7 @@ class ApprovalPages:
         if request.method == "POST":
             return await self._post(request, runs, token, record)
         if record.state != "pending":
-            return self._decided(200, record)
+            return self._decided(200, record, action=wording.action_of(status.history, record))
         if claims.slot in {v.slot for v in record.votes if v.round == record.round}:
             return notice(
                 200, "Already recorded", "Your decision is recorded; the other approvers have not all decided."
@@ -89,7 +89,6 @@ class ApprovalPages:
             return notice(410, "Link replaced", "This link was replaced by a newer one; use the most recent email.")
         if link_state == "expired":
             return notice(410, "Link expired", "This link has expired; the action was not approved.")
-        now = time.time()
         return page(
             "confirm.html",
             record=record,
@@ -97,9 +96,11 @@ class ApprovalPages:
             goal=status.goal or "",
             intent=request.query_params.get("intent", ""),
             csrf=links.csrf_token(token, self.settings.approvals_signing_keys, self.settings.signing_kid),
-            deadline=when(record.deadline),
-            remaining=remaining(record.deadline, now),
-            requested=when(record.requested_at),
+            confirm_label=confirm.label(record),
+            confirm_value=confirm.expected(record),
+            deadline=wording.deadline(record.deadline, time.time()),
+            requested=wording.moment(record.requested_at),
+            fingerprint=record.digest[:12],
         )
 
     async def _batch(
@@ -158,30 +159,44 @@ class ApprovalPages:
             verdict=verdict,
             reason=reason,
             edits={k: v for k, v in edits.items() if k in record.editable},
+            confirm=str(form.get("confirm", ""))[:200],
             client=request.headers.get("user-agent", "")[:300],
         )
         key = links.token_fingerprint(f"{token}|{decision.model_dump_json(exclude={'client'})}")
         try:
             receipt = await runs.decide(record.run_id, decision, key)
         except RunCallFailed as exc:
+            if exc.status >= 500:  # the call may or may not have reached the workflow: claim neither
+                return notice(exc.status, "Not confirmed", exc.message, hint=wording.UNCONFIRMED_HINT)
             return notice(exc.status, "Not decided", exc.message)
         if not receipt.accepted:
-            return self._decided(409, record, receipt)
+            return self._decided(409, record, receipt, attempted=verdict)
         return page(
             "decided.html",
             200,
             record=record,
             receipt=receipt,
-            when=when(receipt.decided_at),
+            approved=receipt.state.startswith("approved"),
+            when=wording.moment(receipt.decided_at) if receipt.decided_at is not None else None,
             edits=receipt.edits or {},
+            next_steps=wording.next_steps(receipt.state, record.tool, record.digest[:12], quorum=receipt.quorum),
         )
 
-    def _decided(self, status: int, record: ApprovalRecord, receipt: DecisionReceipt | None = None) -> Response:
+    def _decided(
+        self,
+        status: int,
+        record: ApprovalRecord,
+        receipt: DecisionReceipt | None = None,
+        *,
+        action: ActionRecord | None = None,
+        attempted: str | None = None,
+    ) -> Response:
         state = receipt.state if receipt else record.state
         by = receipt.decided_by if receipt else record.decided_by
         at = receipt.decided_at if receipt else record.decided_at
         reason = receipt.reason if receipt else record.reason
-        return page("already.html", status, record=record, state=state, by=by, when=when(at), reason=reason)
+        closed = wording.closed_state(state, by, at, reason, action)
+        return page("already.html", status, record=record, state=state, closed=closed, attempted=attempted)
 
     def _same_origin(self, request: Request) -> bool:
         origin = request.headers.get("origin")

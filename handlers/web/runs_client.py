@@ -1,7 +1,9 @@
 """Calls from the web tier to `AgentRun` through the Restate ingress (the SDK client).
 
 Guarantee: every failure comes back as `RunCallFailed` with an HTTP status and a message safe to
-show (the workflow's own refusal, or "try again" when Restate is unreachable), never a raw error.
+show (the workflow's own refusal, or "try again" when Restate is unreachable), never a raw error;
+with a journal cipher, what the pages send is sealed before it reaches Restate and what comes back
+is opened, exactly as the endpoint does.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import httpx
 import restate
 
 from handlers.audit import AuditEntry
+from handlers.codec import JournalValueUnreadable
 from handlers.contract import Decision, DecisionReceipt, RunStatus
 from handlers.inbox import InboxView
 
@@ -72,6 +75,8 @@ class RunsClient:
             raise RunCallFailed(503, "The approval service is busy. Please try again in a minute.") from None
         except httpx.HTTPError:
             raise RunCallFailed(503, "The approval service is unreachable. Please try again in a minute.") from None
+        except JournalValueUnreadable:
+            raise RunCallFailed(503, "The approval service cannot read its records (journal keys).") from None
 
 
 def _message(body: str) -> str:
@@ -83,6 +88,6 @@ def _message(body: str) -> str:
 
 
 @asynccontextmanager
-async def runs_client(ingress_url: str) -> AsyncIterator[RunsClient]:
-    async with restate.create_client(ingress_url) as client:
+async def runs_client(ingress_url: str, codec: restate.JournalValueCodec | None = None) -> AsyncIterator[RunsClient]:
+    async with restate.create_client(ingress_url, journal_value_codec=codec) as client:
         yield RunsClient(client)

@@ -1,4 +1,4 @@
-"""Rendering of the approval pages: templates, security headers and date wording.
+"""Rendering of the approval pages: templates, security headers, and dates in the pages' words.
 
 Guarantee: every page goes out with the same hardening headers (no caching, no framing, a strict
 CSP, same-origin referrers) and is rendered by Jinja2 with autoescape on.
@@ -6,12 +6,13 @@ CSP, same-origin referrers) and is rendered by Jinja2 with autoescape on.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.responses import HTMLResponse
+
+from handlers.web import wording
 
 _TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"), autoescape=select_autoescape(default=True)
@@ -35,24 +36,13 @@ def page(template: str, status: int = 200, **context: Any) -> HTMLResponse:
 
 
 def notice(status: int, title: str, message: str, **extra: Any) -> HTMLResponse:
+    extra.setdefault("hint", wording.notice_hint(status, message))
     return page("notice.html", status, title=title, message=message, **extra)
 
 
 def when(timestamp: float | None) -> str:
-    if timestamp is None:
-        return ""
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return "" if timestamp is None else wording.moment(timestamp).text
 
 
 def remaining(deadline: float, now: float) -> str:
-    seconds = int(deadline - now)
-    if seconds <= 0:
-        return "now"
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes = rest // 60
-    if days:
-        return f"in {days} d {hours} h"
-    if hours:
-        return f"in {hours} h {minutes} min"
-    return f"in {max(minutes, 1)} min"
+    return wording.deadline(deadline, now).relative

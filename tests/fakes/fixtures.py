@@ -58,6 +58,6 @@ def model_stack(root: Path, app_env: dict[str, str]) -> Iterator[IsolatedStack]:
         env = {**make_app_env(ingress_url=restate.ingress_url, outbox_dir=outbox, db_path=db_path), **app_env}
         app = start_registered_app(restate, env=env, log_path=root / "app.log")
         cleanup.callback(app.stop)
-        client = Ingress(restate.ingress_url)
+        client = Ingress(restate.ingress_url, restate.journal_keys or None)
         cleanup.callback(client.close)
         yield IsolatedStack(restate=restate, app=app, ingress=client, env=app.env, outbox_dir=outbox, db_path=db_path)

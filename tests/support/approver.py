@@ -81,11 +81,20 @@ def form_csrf(link: str) -> str:
 
 
 def submit(
-    link: str, verdict: str, reason: str = "", *, csrf: str | None = None, origin: str | None = None
+    link: str,
+    verdict: str,
+    reason: str = "",
+    *,
+    csrf: str | None = None,
+    origin: str | None = None,
+    confirm: str | None = None,
 ) -> httpx.Response:
-    """POST the page's form as a browser would (same Origin, the page's CSRF value unless given)."""
+    """POST the page's form as a browser would (same Origin, the page's CSRF value unless given;
+    `confirm` is what a person types into a high-stakes page's confirmation field)."""
     csrf = form_csrf(link) if csrf is None else csrf
     parts = urlsplit(link)
     headers = {"Origin": origin if origin is not None else f"{parts.scheme}://{parts.netloc}"}
     data = {"csrf": csrf, "verdict": verdict, "reason": reason}
+    if confirm is not None:
+        data["confirm"] = confirm
     return httpx.post(link, data=data, headers=headers, timeout=30)

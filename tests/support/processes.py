@@ -5,10 +5,14 @@ PID. It is signalled only through that PID or that group, and it is reaped when 
 Nothing else on the machine is ever signalled. A start that does not become healthy before its
 deadline is stopped before the error (with the tail of the log) is raised, so a failed start
 leaves nothing running. Every wait is a bounded poll (`wait_until`); nothing sleeps blindly.
+Stacks run protected as in production: each restate-server signs its requests with its own ed25519
+key, which the app it registers requires, and the app seals journal values with a fresh key.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import platform
 import secrets
@@ -25,6 +29,10 @@ from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar, cast
 
 import httpx
+
+from handlers import identity
+from handlers.codec import JournalCipher
+from handlers.settings import parse_journal_keys
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_MODULES = REPO / "node_modules"
@@ -261,14 +269,21 @@ class RestateServer:
     """The RESTATE_* variables this server runs with (on top of os.environ)."""
     log_path: Path
     binary: Path
+    identity_key: str
+    """The public key (publickeyv1_...) of the key this server signs its requests with."""
+    journal_keys: str = ""
+    """COUNTERSIGN_JOURNAL_KEYS of the app registered with this server (operator tools need them)."""
 
     @classmethod
     def start(cls, base_dir: Path, *, extra_env: dict[str, str] | None = None) -> RestateServer:
         binary = find_restate_server()
         base_dir = base_dir.resolve()
         base_dir.mkdir(parents=True, exist_ok=True)
+        identity_pem = base_dir / "identity_private.pem"
+        identity_key = identity.ensure_key_pair(identity_pem)
         ingress_port, admin_port, fabric_port = _free_ports(3)
         env = {
+            identity.PRIVATE_KEY_ENV: str(identity_pem),
             "RESTATE_INGRESS__BIND_ADDRESS": f"127.0.0.1:{ingress_port}",
             "RESTATE_ADMIN__BIND_ADDRESS": f"127.0.0.1:{admin_port}",
             "RESTATE_BIND_ADDRESS": f"127.0.0.1:{fabric_port}",
@@ -290,6 +305,7 @@ class RestateServer:
             env=env,
             log_path=log_path,
             binary=binary,
+            identity_key=identity_key,
         )
         server._wait_ready()
         return server
@@ -501,10 +517,31 @@ class AppServer:
 
 
 class Ingress:
-    """A small client for the restate ingress (AgentRun workflow calls)."""
+    """A small client for the restate ingress (AgentRun workflow calls).
 
-    def __init__(self, ingress_url: str) -> None:
+    Given the app's COUNTERSIGN_JOURNAL_KEYS, it seals request bodies and opens successful answers,
+    as any client of a journal-encrypting endpoint must; answers keep their status and headers.
+    """
+
+    def __init__(self, ingress_url: str, journal_keys: str | None = None) -> None:
         self.client = httpx.Client(base_url=ingress_url, timeout=30.0, trust_env=False)
+        self.codec = JournalCipher(parse_journal_keys(journal_keys)) if journal_keys else None
+
+    def _sealed(self, body: object) -> bytes:
+        raw = json.dumps(body).encode()
+        return self.codec.encode(raw) if self.codec else raw
+
+    def _opened(self, response: httpx.Response) -> httpx.Response:
+        if self.codec is None or not response.is_success:
+            return response
+        stale = ("content-length", "content-encoding")
+        headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in stale]
+        return httpx.Response(
+            response.status_code, headers=headers, content=self.codec.open(response.content), request=response.request
+        )
+
+    def post_json(self, path: str, body: object) -> httpx.Response:
+        return self.client.post(path, content=self._sealed(body), headers={"content-type": "application/json"})
 
     def __enter__(self) -> Ingress:
         return self
@@ -514,26 +551,26 @@ class Ingress:
 
     def start_run(self, run_id: str, task: dict[str, Any]) -> httpx.Response:
         """Start AgentRun `run_id` without waiting (202 Accepted / PreviouslyAccepted)."""
-        return self.client.post(f"/AgentRun/{run_id}/run/send", json=task)
+        return self.post_json(f"/AgentRun/{run_id}/run/send", task)
 
     def call(self, service: str, key: str | None, handler: str, body: object | None) -> httpx.Response:
         """Call a handler and wait for its answer; `body` None sends no body."""
         path = f"/{service}/{handler}" if key is None else f"/{service}/{key}/{handler}"
         if body is None:
-            return self.client.post(path)
-        return self.client.post(path, json=body)
+            return self._opened(self.client.post(path))
+        return self._opened(self.post_json(path, body))
 
     def output(self, run_id: str) -> httpx.Response:
         """The run's output now; 470 while it has not completed."""
-        return self.client.get(f"/restate/workflow/AgentRun/{run_id}/output")
+        return self._opened(self.client.get(f"/restate/workflow/AgentRun/{run_id}/output"))
 
     def attach(self, run_id: str, timeout: float = 60.0) -> httpx.Response:
         """Block (up to `timeout` s) until the run completes, and return its output."""
-        return self.client.get(f"/restate/workflow/AgentRun/{run_id}/attach", timeout=timeout)
+        return self._opened(self.client.get(f"/restate/workflow/AgentRun/{run_id}/attach", timeout=timeout))
 
     def status(self, run_id: str) -> dict[str, Any]:
         """The AgentRun `status` shared handler's answer."""
-        response = self.client.post(f"/AgentRun/{run_id}/status")
+        response = self._opened(self.client.post(f"/AgentRun/{run_id}/status"))
         response.raise_for_status()
         return cast(dict[str, Any], response.json())
 
@@ -555,10 +592,11 @@ class Ingress:
 
 
 def make_app_env(*, ingress_url: str, outbox_dir: Path, db_path: Path) -> dict[str, str]:
-    """The handlers app's environment for tests, with a fresh signing key."""
+    """The handlers app's environment for tests, with a fresh signing key and journal key."""
     return {
         "RESTATE_INGRESS_URL": ingress_url,
         "APPROVALS_SIGNING_KEYS": "k1:" + secrets.token_urlsafe(32),
+        "COUNTERSIGN_JOURNAL_KEYS": "j1:" + base64.b64encode(secrets.token_bytes(32)).decode(),
         "APPROVALS_OUTBOX_DIR": str(outbox_dir),
         "DEMO_DB": str(db_path),
         "COUNTERSIGN_ENV": "test",
@@ -568,15 +606,18 @@ def make_app_env(*, ingress_url: str, outbox_dir: Path, db_path: Path) -> dict[s
 def start_registered_app(
     restate: RestateServer, *, env: dict[str, str], log_path: Path, http1: bool = False
 ) -> AppServer:
-    """Start the app on a free port (APPROVALS_PUBLIC_URL = its own URL) and register it with `restate`
+    """Start the app on a free port (APPROVALS_PUBLIC_URL = its own URL, accepting only requests
+    signed by `restate`'s identity key unless `env` says otherwise) and register it with `restate`
     (over HTTP/1.1, request/response, if `http1`; else HTTP/2, bidirectional)."""
     port = free_port()
-    app = AppServer.start(env={**env, "APPROVALS_PUBLIC_URL": f"http://127.0.0.1:{port}"}, port=port, log_path=log_path)
+    app_env = {"RESTATE_IDENTITY_KEYS": restate.identity_key, **env, "APPROVALS_PUBLIC_URL": f"http://127.0.0.1:{port}"}
+    app = AppServer.start(env=app_env, port=port, log_path=log_path)
     try:
         restate.register(app.restate_uri, http1=http1)
     except BaseException:
         app.stop()
         raise
+    restate.journal_keys = app_env.get("COUNTERSIGN_JOURNAL_KEYS", "")
     return app
 
 

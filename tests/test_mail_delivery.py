@@ -1,0 +1,195 @@
+"""Email that arrives once: a real restate-server and app sending through the real `resend` SDK to the
+fake Resend API, with provider failures, a final refusal, and a crash between send and journal."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes.resend_server import Accepted, FakeResend, Fault, Received
+from fakes.resend_stack import resend_env, resend_stack
+from support.approver import LINK, submit
+from support.business import new_order, refunds_for
+from support.processes import IsolatedStack, RestateServer, StackFactory, wait_until
+
+from handlers.codec import JournalCipher
+from handlers.mail.intent import tag_value
+from handlers.settings import parse_journal_keys
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeResend]:
+    with FakeResend.running() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def stack(fake: FakeResend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[IsolatedStack]:
+    with resend_stack(tmp_path_factory.mktemp("resend-stack"), fake) as started:
+        yield started
+
+
+def refund(order: int, amount: str = "800.00") -> dict[str, Any]:
+    return {
+        "goal": f"Refund order {order} for ${amount}",
+        "requester": "alice@example.com",
+        "script": [{"tool": "issue_refund", "args": {"order_id": order, "amount_usd": amount, "reason": "late"}}],
+    }
+
+
+def request_key(run_id: str) -> str:
+    return f"approval-request/{run_id}-a0/r1/s0"
+
+
+def wait_accepted(fake: FakeResend, key: str, timeout: float = 30) -> Accepted:
+    def one() -> Accepted | None:
+        found = fake.accepted_for(key)
+        return found[0] if found else None
+
+    return wait_until(one, timeout, f"Resend to accept {key}", interval=0.1)
+
+
+def link_of(mail: Accepted) -> str:
+    return str(LINK.findall(mail.params["text"])[0])
+
+
+def journaled_completion(restate: RestateServer, run_id: str, step: str) -> dict[str, Any]:
+    """How a `ctx.run` step ended, read back from restate-server's own journal table:
+    `{"Success": <the journaled value>}` or `{"Failure": {"code": ..., "message": ...}}`."""
+    [run] = [r for r in restate.invocation_statuses(key=run_id) if r["target_handler_name"] == "run"]
+    rows = restate.sql(f"select index, name, entry_json from sys_journal where id = '{run['id']}' order by index")
+    [command] = [json.loads(r["entry_json"])["Command"]["Run"] for r in rows if r.get("name") == step]
+    for row in rows:
+        completion = json.loads(row["entry_json"]).get("Notification", {}).get("Completion", {}).get("Run")
+        if completion and completion["completion_id"] == command["completion_id"]:
+            result = completion["result"]
+            if "Success" in result:
+                return {"Success": json.loads(opened(restate, bytes(result["Success"])))}
+            return dict(result)
+    raise AssertionError(f"step {step!r} has no journaled result")
+
+
+def opened(restate: RestateServer, value: bytes) -> bytes:
+    """A journaled value as the app wrote it: sealed when its journal is encrypted."""
+    return JournalCipher(parse_journal_keys(restate.journal_keys)).open(value) if restate.journal_keys else value
+
+
+def journaled_result(restate: RestateServer, run_id: str, step: str) -> dict[str, Any]:
+    return dict(journaled_completion(restate, run_id, step)["Success"])
+
+
+def test_the_approval_email_goes_through_resend_once_and_its_link_decides(
+    stack: IsolatedStack, fake: FakeResend, run_id: str
+) -> None:
+    order = new_order(stack.db_path, 100000)
+    stack.ingress.start_run(run_id, refund(order))
+    mail = wait_accepted(fake, request_key(run_id))
+    assert mail.to == ["finance@example.com"]
+    assert mail.params["subject"] == f"Approval needed: Refund $800.00 to order {order}"
+    assert mail.params["from"] == "Countersign <approvals@countersign.example>"
+    assert mail.tags == {
+        "approval_id": tag_value(f"{run_id}-a0"),
+        "kind": "request",
+        "round": "1",
+        "run_id": tag_value(run_id),
+        "slot": "0",
+    }
+    assert submit(link_of(mail), "approve").status_code == 200
+    result = stack.ingress.wait_output(run_id).json()
+    assert result["actions"][0]["outcome"] == "approved"
+    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 80000)]
+
+    receipt = journaled_result(stack.restate, run_id, "email request #0 round 1 slot 0")
+    assert receipt == {
+        "backend": "resend",
+        "message_id": mail.id,
+        "idempotency_key": request_key(run_id),
+        "kind": "request",
+    }
+    assert len(fake.requests_for(request_key(run_id))) == 1
+
+
+def test_a_429_storm_waits_for_retry_after_and_ends_in_one_email(
+    stack: IsolatedStack, fake: FakeResend, run_id: str
+) -> None:
+    fake.fail_next(*[Fault("rate_limit", retry_after="1")] * 3)
+    stack.ingress.start_run(run_id, refund(new_order(stack.db_path, 100000)))
+    mail = wait_accepted(fake, request_key(run_id))
+    tries = fake.requests_for(request_key(run_id))
+    assert [t.status for t in tries] == [429, 429, 429, 200]
+    gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(tries)]
+    assert all(gap >= 0.9 for gap in gaps), f"retry-after: 1 was not honoured: {gaps}"
+    assert fake.accepted_for(request_key(run_id)) == [mail]
+    assert submit(link_of(mail), "reject", "not now").status_code == 200
+    assert stack.ingress.wait_output(run_id).json()["actions"][0]["outcome"] == "rejected"
+
+
+def test_a_slow_5xx_and_lost_connection_storm_ends_in_one_email(
+    stack: IsolatedStack, fake: FakeResend, run_id: str
+) -> None:
+    fake.fail_next(Fault("slow", seconds=4.0), Fault("drop", accept=True), Fault("server_error"))
+    stack.ingress.start_run(run_id, refund(new_order(stack.db_path, 100000)))
+
+    def answered() -> list[Received] | None:
+        tries = fake.requests_for(request_key(run_id))
+        return tries if tries and tries[-1].status == 200 else None
+
+    tries = wait_until(answered, 60, "a successful send after the storm", interval=0.1)
+    assert [t.status for t in tries[1:]] == [-1, 500, 200], "dropped (after accepting), 500, then the same id"
+    assert tries[1].at - tries[0].at < 3.5, "the 2 s client timeout cut the 4 s answer short"
+    [mail] = fake.accepted_for(request_key(run_id))
+    wait_until(lambda: stack.ingress.status(run_id)["pending"], 30, "the approval to wait")
+    assert submit(link_of(mail), "reject", "storm over").status_code == 200
+    assert stack.ingress.wait_output(run_id).json()["actions"][0]["outcome"] == "rejected"
+    assert len(fake.accepted_for(request_key(run_id))) == 1
+
+
+def test_a_final_refusal_is_not_retried_escalates_and_ends_undeliverable(
+    stack: IsolatedStack, fake: FakeResend, run_id: str
+) -> None:
+    refused = Fault("reject", status=422, name="validation_error", message="Invalid `to` field.")
+    fake.fail_next(refused, refused)
+    order = new_order(stack.db_path, 100000)
+    stack.ingress.start_run(run_id, refund(order))
+    result = stack.ingress.wait_output(run_id, timeout=30).json()
+    action = result["actions"][0]
+    assert action["outcome"] == "undeliverable"
+    assert "no approval email could be delivered" in action["reason"]
+    escalation_key = f"approval-escalation/{run_id}-a0/r2/s1"
+    assert [t.status for t in fake.requests_for(request_key(run_id))] == [422], "a refusal is never retried"
+    assert [t.status for t in fake.requests_for(escalation_key)] == [422], "the demo policy escalates once"
+    assert fake.accepted_for(request_key(run_id)) == fake.accepted_for(escalation_key) == []
+    failure = journaled_completion(stack.restate, run_id, "email request #0 round 1 slot 0")["Failure"]
+    assert failure["code"] == 422
+    assert failure["message"] == "email not sent: Resend answered 422 validation_error: Invalid `to` field."
+    assert refunds_for(stack.db_path, run_id) == []
+
+
+@pytest.mark.slow
+def test_a_crash_after_resend_accepted_but_before_the_journal_sends_one_email(
+    isolated_stack: StackFactory, tmp_path: Path
+) -> None:
+    with FakeResend.running() as fake:
+        stack = isolated_stack(app_env={**resend_env(fake), "COUNTERSIGN_FAULT": "crash-after-send:request"})
+        order = new_order(stack.db_path, 100000)
+        stack.ingress.start_run("crash-mail", refund(order))
+        first = wait_accepted(fake, request_key("crash-mail"))
+        wait_until(lambda: not stack.app.alive(), 30, "the fault to kill the handler")
+        assert len(fake.accepted) == 1
+
+        stack.app.env.pop("COUNTERSIGN_FAULT")
+        stack.app.restart()
+        wait_until(lambda: len(fake.requests_for(request_key("crash-mail"))) >= 2, 60, "the step to run again")
+        wait_until(lambda: stack.ingress.status("crash-mail")["pending"], 30, "the approval to wait")
+        assert [t.status for t in fake.requests_for(request_key("crash-mail"))] == [200, 200]
+        assert fake.accepted == [first], "Resend deduplicated the retry: exactly one email"
+
+        receipt = journaled_result(stack.restate, "crash-mail", "email request #0 round 1 slot 0")
+        assert receipt["message_id"] == first.id
+        assert submit(link_of(first), "approve").status_code == 200
+        assert stack.ingress.wait_output("crash-mail", timeout=60).json()["actions"][0]["outcome"] == "approved"
+        assert refunds_for(stack.db_path, "crash-mail") == [("crash-mail/0", order, 80000)]

@@ -1,0 +1,286 @@
+"""Unit tests: what every email says, that its links work, that it is escaped, and that it renders
+byte-identically from the same journaled values under its own idempotency key."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import re
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from pydantic import ValidationError
+
+from handlers import links
+from handlers.contract import ApprovalRecord, Vote
+from handlers.mail.approval_email import approval_request, batch_request
+from handlers.mail.intent import from_tag_value, tag_value
+from handlers.mail.message import MailRejected, OutgoingEmail
+from handlers.mail.outbox import OutboxMailer
+from handlers.mail.outcome_email import outcome_notice
+from handlers.mail.receipt_email import decision_receipt
+from handlers.settings import Settings
+
+SETTINGS = Settings(
+    approvals_signing_keys="k1:" + "s" * 40,  # type: ignore[arg-type]
+    approvals_public_url="https://approve.example.org",
+)
+HREF = re.compile(r'href="([^"]+)"')
+EVIL = "<script>alert('x')</script>"
+
+
+def record(**changes: object) -> ApprovalRecord:
+    base = ApprovalRecord(
+        approval_id="run-7-a1",
+        run_id="run-7",
+        tenant="default",
+        index=1,
+        tool="issue_refund",
+        args={"order_id": 1042, "amount_usd": "612.40", "reason": "damaged in transit"},
+        digest="ab12cd34ef56" + "0" * 52,
+        summary="Refund $612.40 to order 1042",
+        why="The customer sent photos of the damage.",
+        policy="amount_usd > 500",
+        requester="alice@example.com",
+        approvers=["finance@example.com", "cfo@example.com"],
+        active_slots=[0, 1],
+        nonces=["nonce-1"],
+        requested_at=1_767_225_600.0,  # 2026-01-01 00:00 UTC
+        round_started_at=1_767_225_600.0,
+        deadline=1_767_225_600.0 + 2 * 86400,
+    )
+    return base.model_copy(update=changes)
+
+
+def decided(state: str = "approved", **changes: object) -> ApprovalRecord:
+    kind = "reject" if state == "rejected" else "approve"
+    reason = changes.get("reason")
+    vote = Vote(
+        slot=1, round=1, kind=kind, by="cfo@example.com", at=1_767_229_200.0, reason=str(reason) if reason else None
+    )
+    return record(state=state, decided_by="cfo@example.com", decided_at=1_767_229_200.0, votes=[vote], **changes)
+
+
+def reminder(rec: ApprovalRecord, slot: int, goal: str, number: int, at: float, settings: Settings) -> OutgoingEmail:
+    return approval_request(rec.model_copy(update={"reminders_sent": number}), slot, goal, settings, "reminder", at)
+
+
+def escalation(rec: ApprovalRecord, slot: int, goal: str, reason: str, settings: Settings) -> OutgoingEmail:
+    return approval_request(rec, slot, goal, settings, "escalation", None, reason)
+
+
+def test_the_request_says_what_why_how_much_who_which_policy_and_when() -> None:
+    mail = approval_request(record(), 0, "Refund order 1042 for $612.40", SETTINGS)
+    assert mail.to == ["finance@example.com"]
+    assert mail.subject == "Approval needed: Refund $612.40 to order 1042"
+    for part in (mail.text, mail.html):
+        for fact in (
+            "Refund $612.40 to order 1042",
+            "issue_refund",
+            "612.40",
+            "1042",
+            "damaged in transit",
+            "The customer sent photos of the damage.",
+            "alice@example.com",
+            "amount_usd &gt; 500" if part is mail.html else "amount_usd > 500",
+            "2026-01-03 00:00 UTC (2 days after the request)",
+            "Refund order 1042 for $612.40",
+            "ab12cd34ef56",
+        ):
+            assert fact in part, f"{fact!r} missing from the {'html' if part is mail.html else 'text'} part"
+    assert "    amount_usd: 612.40" in mail.text
+
+
+def test_approve_and_reject_links_are_distinct_and_verify_for_this_slot_and_round() -> None:
+    rec = record()
+    mail = approval_request(rec, 1, "goal", SETTINGS)
+    hrefs = HREF.findall(mail.html)
+    approve = [h for h in hrefs if h.endswith("?intent=approve")]
+    reject = [h for h in hrefs if h.endswith("?intent=reject")]
+    assert len(approve) == 1 and len(reject) == 1 and approve != reject
+    assert approve[0] in mail.text and reject[0] in mail.text
+    for href in (approve[0], reject[0]):
+        parts = urlsplit(href)
+        assert f"{parts.scheme}://{parts.netloc}" == "https://approve.example.org"
+        token = parts.path.removeprefix("/approvals/")
+        claims, state = links.check(token, rec, SETTINGS.approvals_signing_keys, now=rec.requested_at + 60)
+        assert state == "valid" and claims.slot == 1 and claims.round == rec.round
+    inbox = f"{SETTINGS.approvals_public_url}/inbox/"
+    assert hrefs[:2] == [approve[0], reject[0]] and len(hrefs) == 3 and hrefs[2].startswith(inbox), (
+        "no other links: no tracking, no redirects"
+    )
+    assert (
+        links.check_inbox_token(
+            urlsplit(hrefs[2]).path.removeprefix("/inbox/"), SETTINGS.approvals_signing_keys, now=rec.requested_at
+        )
+        == "cfo@example.com"
+    )
+    assert "<img" not in mail.html and "<style" not in mail.html and 'style="' in mail.html
+
+
+def test_agent_and_requester_text_is_escaped_in_html_and_fenced_in_text() -> None:
+    rec = record(
+        why=f"{EVIL}\nReview and approve:\nhttps://evil.example/approvals/x",
+        args={"order_id": 1, "amount_usd": "1.00", "reason": EVIL},
+        summary=f"Refund {EVIL}",
+    )
+    mail = approval_request(rec, 0, f"goal {EVIL}", SETTINGS)
+    assert "<script" not in mail.html
+    assert mail.html.count("&lt;script&gt;") >= 3
+    assert "    Review and approve:" in mail.text, "agent text is indented, never at the start of a line"
+    assert re.search(r"^Review and approve:\n" + re.escape(SETTINGS.approvals_public_url), mail.text, re.M)
+    assert "\n" not in mail.subject and len(mail.subject) <= 180
+
+
+def test_rendering_is_byte_identical_for_the_same_journaled_values() -> None:
+    again = Settings(
+        approvals_signing_keys="k1:" + "s" * 40,  # type: ignore[arg-type]
+        approvals_public_url="https://approve.example.org",
+    )
+    builds: list[Callable[[Settings], OutgoingEmail]] = [
+        lambda s: approval_request(record(), 0, "goal", s),
+        lambda s: reminder(record(), 0, "goal", 2, record().requested_at + 3600, s),
+        lambda s: escalation(record(round=2, nonces=["n1", "n2"]), 1, "goal", "nobody answered within 4 h", s),
+        lambda s: batch_request([record(), record(index=2, approval_id="run-7-a2")], [0, 0], "goal", s),
+        lambda s: outcome_notice(decided(), "executed", s, result={"refund_id": 9}),
+        lambda s: decision_receipt(decided(), 1, "Firefox", s),
+    ]
+    for build in builds:
+        first, second = build(SETTINGS), build(again)
+        assert first.model_dump_json() == second.model_dump_json()
+        assert first.log_links == second.log_links
+
+
+def test_each_intent_has_its_own_key_and_a_subject_that_says_the_action() -> None:
+    mails: list[OutgoingEmail] = [
+        approval_request(record(), 0, "g", SETTINGS),
+        approval_request(record(), 1, "g", SETTINGS),
+        approval_request(record(round=2, nonces=["n1", "n2"]), 0, "g", SETTINGS),
+        reminder(record(), 0, "g", 1, 1_767_240_000.0, SETTINGS),
+        reminder(record(), 0, "g", 2, 1_767_250_000.0, SETTINGS),
+        escalation(record(round=2, nonces=["n1", "n2"], active_slots=[1]), 1, "g", "no answer", SETTINGS),
+        approval_request(record(round=2, nonces=["n1", "n2"]), 0, "g", SETTINGS, "reapproval"),
+        *(
+            outcome_notice(decided(), o, SETTINGS)
+            for o in ("approved", "rejected", "expired", "executed", "failed", "undeliverable", "superseded")
+        ),
+        decision_receipt(decided(), 1, "", SETTINGS),
+    ]
+    keys = [m.idempotency_key for m in mails]
+    assert len(set(keys)) == len(keys)
+    assert keys[0] == "approval-request/run-7-a1/r1/s0", "the request key keeps its documented shape"
+    assert keys[3] == "approval-reminder/run-7-a1/r1/s0/n1" and keys[5] == "approval-escalation/run-7-a1/r2/s1"
+    assert keys[-1] == "approval-receipt/run-7-a1/r1/s1" and keys[7] == "approval-outcome/run-7-a1/r1/approved"
+    assert all("Refund $612.40 to order 1042" in m.subject for m in mails)
+    assert [m.subject.split(":")[0] for m in mails[6:14]] == [
+        "Approve again",
+        "Approved",
+        "Rejected",
+        "Expired, not run",
+        "Done",
+        "Failed",
+        "Not run",
+        "Not run, things changed",
+    ]
+    assert all(m.tags["run_id"] == "run-7" and m.tags["approval_id"] == "run-7-a1" for m in mails)
+    assert {m.tags["kind"] for m in mails} == {"request", "reminder", "escalation", "reapproval", "outcome", "receipt"}
+
+
+def test_reminder_and_escalation_say_why_they_came() -> None:
+    late = reminder(record(), 1, "g", 2, record().deadline - 5400, SETTINGS)
+    assert late.subject.startswith("Reminder: approval needed by 2026-01-03 00:00 UTC")
+    assert "Reminder 2" in late.text and "1 hour 30 minutes left" in late.text and late.to == ["cfo@example.com"]
+    up = escalation(
+        record(round=2, nonces=["n1", "n2"], active_slots=[1]), 1, "g", "finance@example.com did not answer", SETTINGS
+    )
+    assert up.subject.startswith("Escalated to you:") and up.to == ["cfo@example.com"]
+    assert "It was first sent to finance@example.com" in up.text
+    assert "finance@example.com did not answer" in up.html and "their links no longer work" in up.text
+    token = urlsplit(up.log_links[0]).path.removeprefix("/approvals/")
+    assert links.parse(token).round == 2
+
+
+def test_a_batch_email_lists_every_action_behind_one_link_for_this_approver() -> None:
+    second = record(index=2, approval_id="run-7-a2", summary="Refund $800.00 to order 1043", args={"order_id": 1043})
+    mail = batch_request([record(), second], [1, 1], "Refund both", SETTINGS)
+    assert mail.to == ["cfo@example.com"] and mail.kind == "batch"
+    assert mail.subject == "Approval needed: 2 actions (Refund $612.40 to order 1042, …)"
+    for part in (mail.text, mail.html):
+        assert "Refund $612.40 to order 1042" in part and "Refund $800.00 to order 1043" in part and "1043" in part
+    assert mail.idempotency_key == "approval-batch/run-7-a1/r1/s1" and mail.tags["items"] == "1s1-2s1"
+    assert HREF.findall(mail.html)[0] == mail.log_links[0] and len(HREF.findall(mail.html)) == 2
+    assert mail.log_links[0] in mail.text and "/inbox/" in HREF.findall(mail.html)[1]
+    token = urlsplit(mail.log_links[0]).path.removeprefix("/approvals/")
+    assert links.check(token, record(), SETTINGS.approvals_signing_keys, now=record().requested_at)[0].slot == 1
+
+
+def test_outcome_notices_go_to_the_requester_without_decision_links() -> None:
+    rejected = outcome_notice(decided("rejected", reason=f"No photos {EVIL}"), "rejected", SETTINGS)
+    assert rejected.to == ["alice@example.com"]
+    assert "cfo@example.com rejected this at 2026-01-01 01:00 UTC" in rejected.text
+    assert "No photos" in rejected.text and "<script" not in rejected.html
+    assert "/approvals/" not in rejected.text + rejected.html
+    failed = outcome_notice(decided(), "failed", SETTINGS, error="order has only $0.00 left to refund")
+    assert "running it failed" in failed.text and "$0.00 left" in failed.html
+    done = outcome_notice(decided(), "executed", SETTINGS, result={"refund_id": 77})
+    assert "refund_id: 77" in done.text and "and it ran" in done.text
+    lost = outcome_notice(record(state="undeliverable"), "undeliverable", SETTINGS)
+    assert "finance@example.com, cfo@example.com" in lost.text and "did not run" in lost.text
+
+
+def test_the_decision_receipt_tells_the_decider_what_to_do_if_it_was_not_them() -> None:
+    settings = SETTINGS.model_copy(update={"approvals_security_contact": "security@example.com"})
+    receipt = decision_receipt(decided(), 1, "Mozilla/5.0 <b>", settings)
+    assert receipt.to == ["cfo@example.com"] and receipt.idempotency_key == "approval-receipt/run-7-a1/r1/s1"
+    assert receipt.subject == "You approved: Refund $612.40 to order 1042"
+    assert "IF THIS WASN'T YOU" in receipt.text and "security@example.com" in receipt.text
+    assert "action may already have run" in receipt.text and "Mozilla/5.0 &lt;b&gt;" in receipt.html
+    with pytest.raises(MailRejected):
+        decision_receipt(decided(), 0, "", SETTINGS)
+    rejected = decision_receipt(decided("rejected"), 1, "", SETTINGS)
+    assert rejected.subject.startswith("You rejected:") and "may already have run" not in rejected.text
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["run-1", "r.un:1_x", "a" * 128 + "-a99", "." * 127 + "a-a1", "Ünïcode"],
+)
+def test_tag_values_are_reversible_and_within_resend_limits(value: str) -> None:
+    tag = tag_value(value)
+    assert re.fullmatch(r"[A-Za-z0-9_-]{1,256}", tag)
+    assert from_tag_value(tag) == value
+
+
+def test_a_value_that_is_no_tag_is_refused() -> None:
+    for bad in ("_!!", "has space", "_0"):
+        with pytest.raises(ValueError, match="tag"):
+            from_tag_value(bad)
+
+
+def test_the_outbox_writes_each_kind_as_a_two_part_message(tmp_path: Path) -> None:
+    mailer = OutboxMailer(tmp_path, "Countersign <a@countersign.local>")
+    for mail in (
+        approval_request(record(), 0, "g", SETTINGS),
+        outcome_notice(decided(), "approved", SETTINGS),
+        decision_receipt(decided(), 1, "", SETTINGS),
+    ):
+        receipt = mailer.send(mail)
+        assert receipt.kind == mail.kind and receipt.idempotency_key == mail.idempotency_key
+    files = sorted(p.name for p in tmp_path.glob("*.eml"))
+    assert [f.split("_run-7")[0] for f in files] == ["approval-outcome", "approval-receipt", "approval-request"]
+    parsed = email.message_from_bytes((tmp_path / files[0]).read_bytes(), policy=email.policy.default)
+    assert parsed["To"] == "alice@example.com" and parsed["X-Countersign-Kind"] == "outcome"
+    assert [p.get_content_type() for p in parsed.walk()] == ["multipart/alternative", "text/plain", "text/html"]
+
+
+def test_mail_settings_fail_fast() -> None:
+    with pytest.raises(ValidationError, match="whsec_"):
+        Settings(resend_webhook_secret="not-base64!")
+    with pytest.raises(ValidationError, match="http"):
+        Settings(resend_api_url="ftp://x")
+    with pytest.raises(ValidationError):
+        Settings(resend_timeout_seconds=0)
+    ok = Settings(resend_webhook_secret="whsec_" + "QUJD" * 8, resend_api_url="http://127.0.0.1:1/")
+    assert ok.resend_api_url == "http://127.0.0.1:1"

@@ -1,0 +1,170 @@
+"""Journals without plaintext personal data, checked in Restate's own SQL introspection.
+
+After a run with an approval, everything Restate holds about it (journal entries with their raw
+bytes, state, promises, invocation records) is searched for marked values: the requester's email,
+the goal, the refund reason, the approver's reason. With the journal cipher they appear nowhere in
+plaintext, yet opening the sealed state with the app's key finds them (so the search is looking at
+the right bytes); without the cipher the same search finds them (so it can fail).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+from typing import Any
+
+import httpx
+from support.approver import submit, wait_for_email
+from support.business import new_order
+from support.processes import AppServer, Ingress, RestateServer, StackFactory, wait_until
+
+from handlers.codec import ENVELOPE, JournalCipher
+from handlers.settings import parse_journal_keys
+
+BINARY_COLUMNS = {"raw", "value", "completion_success_value"}
+
+
+def everything_restate_holds(restate: RestateServer, key: str) -> str:
+    """Every row about workflow `key`, with binary columns (hex in SQL answers) decoded to text."""
+    ids = f"select id from sys_invocation where target_service_key = '{key}'"
+    rows: list[dict[str, Any]] = []
+    for query in (
+        f"select * from sys_journal where id in ({ids})",
+        f"select * from sys_journal_events where id in ({ids})",
+        f"select * from sys_invocation where target_service_key = '{key}'",
+        f"select * from state where service_key = '{key}'",
+        f"select * from sys_promise where service_key = '{key}'",
+        f"select * from sys_inbox where service_key = '{key}'",
+    ):
+        rows += restate.sql(query)
+    assert rows, f"Restate holds nothing about {key}"
+    parts = []
+    for row in rows:
+        for column, value in row.items():
+            if column in BINARY_COLUMNS and isinstance(value, str):
+                parts.append(bytes.fromhex(value).decode("utf-8", errors="replace"))
+            else:
+                parts.append(json.dumps(value))
+    return "\n".join(parts)
+
+
+def markers() -> dict[str, str]:
+    tag = secrets.token_hex(4)
+    return {
+        "requester": f"pii-{tag}@example.com",
+        "goal": f"GOAL-{tag}",
+        "refund reason": f"REASON-{tag}",
+        "approver reason": f"APPROVER-SAYS-{tag}",
+    }
+
+
+def run_with_an_approval(ingress: Ingress, outbox: Path, db: Path, run_id: str, marked: dict[str, str]) -> None:
+    task = {
+        "goal": f"Refund the damaged order ({marked['goal']})",
+        "requester": marked["requester"],
+        "script": [
+            {
+                "tool": "issue_refund",
+                "args": {"order_id": new_order(db, 100000), "amount_usd": "700.00", "reason": marked["refund reason"]},
+            }
+        ],
+    }
+    assert ingress.start_run(run_id, task).status_code == 202
+    [mail] = wait_for_email(outbox, run_id)
+    assert submit(mail.link, "approve", marked["approver reason"]).status_code == 200
+    assert ingress.wait_output(run_id).json()["status"] == "completed"
+
+
+def test_the_journal_holds_no_plaintext_of_marked_values(
+    app_server: AppServer,
+    app_env: dict[str, str],
+    ingress: Ingress,
+    restate_server: RestateServer,
+    outbox_dir: Path,
+    demo_db: Path,
+    run_id: str,
+) -> None:
+    marked = markers()
+    run_with_an_approval(ingress, outbox_dir, demo_db, run_id, marked)
+    held = everything_restate_holds(restate_server, run_id)
+    for what, value in marked.items():
+        assert value not in held, f"the {what} is stored in plaintext"
+    # Keys are not journal values: the approver's address is the ApprovalInbox object's key, so it
+    # is readable in the target of the run's sends to that inbox, and nowhere else.
+    approver = "finance@example.com"
+    ids = f"select id from sys_invocation where target_service_key = '{run_id}'"
+    entries = restate_server.sql(f"select entry_type, entry_json, raw from sys_journal where id in ({ids})")
+    naming = [e for e in entries if approver in bytes.fromhex(e["raw"] or "").decode("utf-8", errors="replace")]
+    assert naming, "the run tells the approver's inbox"
+    for entry in naming:
+        assert entry["entry_type"] == "Command: OneWayCall"
+        assert f'"name":"ApprovalInbox","key":"{approver}"' in entry["entry_json"]
+        assert approver not in entry["entry_json"].replace(f'"key":"{approver}"', ""), "only as the key"
+    values = restate_server.sql(
+        f"select value_utf8 as v from state where service_key = '{run_id}' union all "
+        f"select completion_success_value_utf8 as v from sys_promise where service_key = '{run_id}'"
+    )
+    assert values and all(approver not in (row["v"] or "") for row in values)
+
+    cipher = JournalCipher(parse_journal_keys(app_env["COUNTERSIGN_JOURNAL_KEYS"]))
+    [state] = restate_server.sql(f"select value_utf8 from state where service_key = '{run_id}' and key = 'run'")
+    assert state["value_utf8"].encode().startswith(ENVELOPE)
+    opened = cipher.open(state["value_utf8"].encode()).decode()
+    assert all(value in opened for value in marked.values()), "the sealed state does hold them"
+    [promise] = restate_server.sql(
+        f"select completion_success_value_utf8 as v from sys_promise where service_key = '{run_id}'"
+        " and key like 'decision:%'"
+    )
+    assert marked["approver reason"] in cipher.open(promise["v"].encode()).decode()
+
+
+def test_error_text_is_scrubbed_before_restate_stores_it(
+    app_server: AppServer, ingress: Ingress, restate_server: RestateServer, run_id: str
+) -> None:
+    """Failures bypass the cipher: an input that does not parse must not leave its content behind."""
+    email = f"pii-{secrets.token_hex(4)}@example.com"
+    reply = ingress.call("AgentRun", run_id, "decide", {"token": "v1.k1.AAAAAAAAAA.AAAA", "verdict": email})
+    assert reply.status_code == 400
+    assert "[email]" in reply.json()["message"] and email not in reply.text
+    wait_until(lambda: restate_server.invocation_statuses(key=run_id), 10, "the decide invocation to be listed")
+    assert email not in everything_restate_holds(restate_server, run_id)
+
+
+def test_a_failing_step_is_stored_scrubbed(isolated_stack: StackFactory) -> None:
+    stack = isolated_stack(app_env={"COUNTERSIGN_FAULT": "fail-in-effect:issue_refund"})
+    email = f"pii-{secrets.token_hex(4)}@example.com"
+    order = new_order(stack.db_path, 10000)
+    task = {
+        "goal": "Refund a small order",
+        "requester": "alice@example.com",
+        "script": [
+            {"tool": "issue_refund", "args": {"order_id": order, "amount_usd": "20.00", "reason": f"asked by {email}"}}
+        ],
+    }
+    stack.ingress.start_run("failing-step", task)
+    result = stack.ingress.wait_output("failing-step", timeout=60).json()
+    [action] = result["actions"]
+    assert action["outcome"] == "failed" and "[email]" in action["result"]["error"]
+    held = everything_restate_holds(stack.restate, "failing-step")
+    assert 'RuntimeError("issue_refund failed for' in held, "the step's failure is in the journal, readable"
+    assert email not in held
+
+
+def test_without_journal_keys_the_same_search_finds_the_plaintext(isolated_stack: StackFactory) -> None:
+    stack = isolated_stack(app_env={"COUNTERSIGN_JOURNAL_KEYS": ""})
+    assert stack.ingress.codec is None
+    marked = markers()
+    run_with_an_approval(stack.ingress, stack.outbox_dir, stack.db_path, "plain", marked)
+    held = everything_restate_holds(stack.restate, "plain")
+    assert all(value in held for value in marked.values())
+
+
+def test_a_plaintext_request_still_runs_with_the_cipher_on(
+    app_server: AppServer, ingress: Ingress, restate_server: RestateServer, run_id: str
+) -> None:
+    """What `curl` sends (plain JSON) is accepted; the answer comes back sealed, and opens."""
+    body = {"goal": "Look around", "requester": "curl@example.com"}
+    sent = httpx.post(f"{restate_server.ingress_url}/AgentRun/{run_id}/run", json=body, timeout=60)
+    assert sent.status_code == 200 and sent.content.startswith(ENVELOPE)
+    assert ingress.wait_output(run_id).json()["status"] == "completed"

@@ -1,0 +1,295 @@
+"""Unit tests of the security parts that need no server: the journal cipher, error scrubbing,
+settings that must fail fast, typed confirmation and high-stakes policies."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+from restate import TerminalError
+from restate.exceptions import RetryableError
+
+from handlers import confirm, identity, startup
+from handlers.codec import ENVELOPE, JournalCipher, JournalValueUnreadable
+from handlers.contract import ApprovalRecord
+from handlers.policy import ToolPolicy, evaluate
+from handlers.redact import ScrubbedError, clean_failures, scrub, scrubbed
+from handlers.settings import Settings, parse_journal_keys
+from handlers.tools import default_registry
+
+T = TypeVar("T")
+K1, K0 = os.urandom(32), os.urandom(32)
+VALUE = json.dumps({"requester": "alice@example.com", "reason": "damaged in transit"}).encode()
+
+
+def b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def finish(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never waits on I/O, without an event loop (another test's may be running)."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return cast(T, done.value)
+    coroutine.close()
+    raise AssertionError("the coroutine waited on something")
+
+
+# -- journal cipher -------------------------------------------------------------------------------
+
+
+def test_cipher_seals_as_a_json_envelope_and_opens_it() -> None:
+    cipher = JournalCipher({"j1": K1})
+    sealed = cipher.encode(VALUE)
+    assert sealed.startswith(ENVELOPE) and b"alice" not in sealed and b"damaged" not in sealed
+    assert list(json.loads(sealed)) == ["countersign:v1"]
+    assert cipher.encode(VALUE) != sealed, "a fresh nonce per value"
+    assert cipher.open(sealed) == VALUE and finish(cipher.decode(sealed)) == VALUE
+
+
+def test_cipher_rotation_first_key_seals_all_open() -> None:
+    old = JournalCipher({"j0": K0}).encode(VALUE)
+    rotated = JournalCipher({"j1": K1, "j0": K0})
+    assert rotated.open(old) == VALUE
+    assert rotated.encode(VALUE).startswith(ENVELOPE + b"j1.")
+    with pytest.raises(JournalValueUnreadable, match="'j0'"):
+        JournalCipher({"j1": K1}).open(old)
+    with pytest.raises(JournalValueUnreadable):
+        JournalCipher({"j0": K1}).open(old)
+
+
+def test_cipher_refuses_every_altered_character() -> None:
+    cipher = JournalCipher({"j1": K1})
+    sealed = cipher.encode(VALUE)
+    start = len(ENVELOPE) + len(b"j1.")
+    for i in range(start, len(sealed) - 2):
+        altered = sealed[:i] + (b"A" if sealed[i : i + 1] != b"A" else b"B") + sealed[i + 1 :]
+        with pytest.raises(JournalValueUnreadable):
+            cipher.open(altered)
+    with pytest.raises(JournalValueUnreadable):
+        cipher.open(sealed[:-5] + b'"}')
+    with pytest.raises(JournalValueUnreadable):
+        cipher.open(sealed[:-2])
+
+
+def test_cipher_binds_the_key_id() -> None:
+    """The kid is authenticated data: relabelling a value as another key's is refused."""
+    both = JournalCipher({"j1": K1, "j2": K1})
+    sealed = both.encode(VALUE)
+    with pytest.raises(JournalValueUnreadable):
+        both.open(sealed.replace(b'"j1.', b'"j2.', 1))
+
+
+def test_cipher_passes_plain_json_and_empty_values_through() -> None:
+    cipher = JournalCipher({"j1": K1})
+    assert cipher.open(b'{"goal": "x"}') == b'{"goal": "x"}', "a body sent with curl"
+    assert cipher.encode(b"") == b"" and cipher.open(b"") == b""
+
+
+def test_cipher_format_is_aes_256_gcm_with_the_kid_as_associated_data() -> None:
+    sealed = JournalCipher({"j1": K1}).encode(VALUE)
+    payload = json.loads(sealed)["countersign:v1"].split(".", 1)[1]
+    raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+    assert AESGCM(K1).decrypt(raw[:12], raw[12:], b"countersign.journal.v1\x00j1") == VALUE
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=2000))
+def test_cipher_round_trips_any_bytes_and_open_never_crashes(buf: bytes) -> None:
+    cipher = JournalCipher({"j1": K1})
+    assert cipher.open(cipher.encode(buf)) == buf
+    with contextlib.suppress(JournalValueUnreadable):
+        cipher.open(ENVELOPE + buf)
+
+
+def test_journal_key_settings() -> None:
+    keys = parse_journal_keys(f"j1:{b64(K1)}, j0:{base64.urlsafe_b64encode(K0).decode().rstrip('=')}")
+    assert keys == {"j1": K1, "j0": K0} and list(keys) == ["j1", "j0"]
+    assert Settings(countersign_journal_keys=f"j1:{b64(K1)}").journal_kid == "j1"  # type: ignore[arg-type]
+    for bad in ("j1", f"j1:{b64(K1)[:-4]}", "j1:not*base64*at*all*!!!!!!!!!!!!!!!!", f"j1:{b64(K1)},j1:{b64(K0)}"):
+        with pytest.raises(ValueError):
+            parse_journal_keys(bad)
+    with pytest.raises(ValidationError, match="32 random bytes"):
+        Settings(countersign_journal_keys="j1:" + b64(os.urandom(16)))  # type: ignore[arg-type]
+
+
+# -- identity keys and startup ---------------------------------------------------------------------
+
+
+def test_identity_key_pair_file_and_public_key_form(tmp_path: Path) -> None:
+    pem = tmp_path / "keys" / "identity.pem"
+    public = identity.ensure_key_pair(pem)
+    assert pem.stat().st_mode & 0o777 == 0o600
+    assert identity.ensure_key_pair(pem) == public, "an existing key is kept"
+    assert public.startswith("publickeyv1_") and 43 <= len(public) - len("publickeyv1_") <= 44
+    assert identity.base58(b"\0\0\x01") == "112" and identity.base58(bytes(range(1, 5))) == "2VfUX"
+    assert Settings(restate_identity_keys=public).restate_identity_keys == [public]  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="identity key"):
+        Settings(restate_identity_keys="publickeyv1_0OIl")  # type: ignore[arg-type]
+
+
+def production(**values: Any) -> Settings:
+    return Settings(countersign_env="production", approvals_signing_keys="k1:" + "s" * 32, **values)  # type: ignore[arg-type]
+
+
+def test_production_refuses_to_start_without_identity_or_journal_keys(tmp_path: Path) -> None:
+    public = identity.ensure_key_pair(tmp_path / "id.pem")
+    ok = {"restate_identity_keys": public, "countersign_journal_keys": f"j1:{b64(K1)}"}
+    outbox = {"approvals_outbox_dir": tmp_path / "outbox"}
+    with pytest.raises(SystemExit, match="RESTATE_IDENTITY_KEYS"):
+        startup.check(production(**{**ok, "restate_identity_keys": ""}, **outbox))
+    with pytest.raises(SystemExit, match="COUNTERSIGN_JOURNAL_KEYS"):
+        startup.check(production(**{**ok, "countersign_journal_keys": ""}, **outbox))
+    startup.check(production(**ok, **outbox))
+    startup.check(Settings(countersign_env="dev", approvals_signing_keys="k1:" + "s" * 32, **outbox))  # type: ignore[arg-type]
+
+
+# -- scrubbing failures, which bypass the codec ----------------------------------------------------
+
+
+def test_scrub_removes_emails_and_link_tokens() -> None:
+    token = "v1.k1.cnVuLTF-Mn4xfjF-MjAwMA.JsjFP0qa_D-o5D7wBpQwB4MysHuvPQl-t_ExtgP5WE8"
+    text = f"input_value='Alice.O+tag@mail.example.co.uk' for {token}; bob@example.com, too"
+    assert scrub(text) == "input_value='[email]' for [link token]; [email], too"
+    assert scrub("order 1042 has only $0.00 left") == "order 1042 has only $0.00 left"
+
+
+def raises(action: Callable[[], Any]) -> BaseException:
+    try:
+        action()
+    except BaseException as exc:
+        return exc
+    raise AssertionError("did not raise")
+
+
+def test_scrubbed_steps_fail_without_personal_data_or_causes() -> None:
+    def sync_fail() -> int:
+        try:
+            raise ValueError("inner alice@example.com")
+        except ValueError as exc:
+            raise RuntimeError("failed for alice@example.com") from exc
+
+    async def async_fail() -> int:
+        raise TerminalError("no such user bob@example.com", 404)
+
+    def retry_fail() -> int:
+        raise RetryableError("busy for carol@example.com", 503)
+
+    plain = raises(scrubbed(sync_fail))
+    assert isinstance(plain, ScrubbedError) and repr(plain) == "RuntimeError('failed for [email]')"
+    assert plain.__cause__ is None and plain.__suppress_context__
+    terminal = raises(lambda: finish(scrubbed(async_fail)()))
+    assert isinstance(terminal, TerminalError) and (terminal.message, terminal.status_code) == (
+        "no such user [email]",
+        404,
+    )
+    retry = raises(scrubbed(retry_fail))
+    assert isinstance(retry, RetryableError) and retry.message == "busy for [email]" and retry.status_code == 503
+    assert scrubbed(lambda x: x + 1)(1) == 2
+
+
+def test_scrubbed_keeps_the_signature_the_sdk_reads_for_its_serde() -> None:
+    import inspect
+
+    from handlers.agent_run import _model_turn
+
+    assert inspect.signature(_model_turn, eval_str=True).return_annotation.__name__ == "AssistantTurn"
+    assert inspect.iscoroutinefunction(scrubbed(async_noop)) and not inspect.iscoroutinefunction(scrubbed(len))
+
+
+async def async_noop() -> None:
+    return None
+
+
+def in_invocation(error: BaseException) -> BaseException:
+    async def handler() -> None:
+        async with clean_failures():
+            raise error
+
+    return raises(lambda: finish(handler()))
+
+
+def test_invocation_failures_are_scrubbed_and_bad_input_is_a_400() -> None:
+    failed = in_invocation(TerminalError("dave@example.com already decides this", 400))
+    assert isinstance(failed, TerminalError) and (failed.message, failed.status_code) == (
+        "[email] already decides this",
+        400,
+    )
+    parse = in_invocation(TerminalError("Unable to parse an input argument. input_value='eve@example.com'"))
+    assert isinstance(parse, TerminalError) and parse.status_code == 400 and "eve" not in parse.message
+    cancelled = in_invocation(TerminalError("cancelled", 409))
+    assert isinstance(cancelled, TerminalError) and (cancelled.message, cancelled.status_code) == ("cancelled", 409)
+    wrapped = RuntimeError("wrapper")
+    wrapped.__cause__ = TerminalError("for frank@example.com", 403)
+    unwrapped = in_invocation(wrapped)
+    assert isinstance(unwrapped, TerminalError) and (unwrapped.message, unwrapped.status_code) == ("for [email]", 403)
+    bug = in_invocation(KeyError("grace@example.com"))
+    assert isinstance(bug, ScrubbedError) and "grace" not in str(bug)
+    assert isinstance(in_invocation(asyncio.CancelledError()), asyncio.CancelledError), "not an Exception: untouched"
+
+
+# -- high stakes: policy and typed confirmation ----------------------------------------------------
+
+
+def test_high_stakes_policies() -> None:
+    refund = default_registry().get("issue_refund")
+    delete = default_registry().get("delete_customer")
+    assert refund is not None and delete is not None
+    assert not evaluate("issue_refund", refund.policy, {"amount_usd": "1000.00"}).high_stakes
+    assert evaluate("issue_refund", refund.policy, {"amount_usd": "1000.01"}).high_stakes
+    assert not evaluate("issue_refund", refund.policy, {"amount_usd": "100.00"}).high_stakes, "not even gated"
+    assert evaluate("delete_customer", delete.policy, {"customer_id": "c_1"}).high_stakes
+    with pytest.raises(ValidationError, match="needs high_stakes"):
+        ToolPolicy(gated=True, approvers=("a@example.com",), high_stakes_when="amount_usd > 5")
+    with pytest.raises(ValidationError, match="both low_risk and high_stakes"):
+        ToolPolicy(gated=True, approvers=("a@example.com",), high_stakes=True, low_risk=True)
+
+
+def confirm_record(field: str | None, **args: Any) -> ApprovalRecord:
+    return ApprovalRecord(
+        approval_id="r-a0",
+        run_id="r",
+        tenant="default",
+        index=0,
+        tool="t",
+        args=args,
+        digest="0123456789abcdef" * 4,
+        summary="s",
+        why="",
+        policy="p",
+        requester="q@example.com",
+        approvers=["a@example.com"],
+        active_slots=[0],
+        nonces=["n"],
+        requested_at=0,
+        round_started_at=0,
+        deadline=1,
+        confirm_field=field,
+    )
+
+
+def test_typed_confirmation_matches_what_will_run() -> None:
+    amount = confirm_record("amount_usd", amount_usd="1500.00")
+    assert confirm.expected(amount) == "1500.00" and confirm.label(amount) == "amount usd"
+    for typed in ("1500.00", "1500", " $1,500.0 ", "1500.000"):
+        assert confirm.matches(typed, "1500.00"), typed
+    for typed in ("", "1500.01", "150", "1500.00x", "abc", "-1500", "1.5e3", "NaN"):
+        assert not confirm.matches(typed, "1500.00"), typed
+    assert confirm.expected(amount, {"amount_usd": "900.00"}) == "900.00", "the edited amount is what runs"
+    customer = confirm_record("customer_id", customer_id="c_31")
+    assert confirm.matches("C_31", confirm.expected(customer) or "") and not confirm.matches("c_3", "c_31")
+    assert confirm.expected(confirm_record("fingerprint")) == "0123456789ab"
+    assert confirm.expected(confirm_record(None)) is None
+    assert "1500" not in confirm.REFUSAL, "the refusal names no value (error text is not encrypted)"
