@@ -29,12 +29,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 _TESTS = str(Path(__file__).resolve().parents[1] / "tests")
 if _TESTS not in sys.path:
@@ -43,6 +41,7 @@ if _TESTS not in sys.path:
 from support.business import new_order  # noqa: E402
 from support.processes import (  # noqa: E402
     DEPLOYMENT_PROTOCOLS,
+    Ingress,
     RestateServer,
     make_app_env,
     start_registered_app,
@@ -67,27 +66,29 @@ def task(order: int) -> dict[str, Any]:
     }
 
 
-def start_runs(ingress_url: str, outbox: Path, run_ids: list[str], orders: dict[str, int], concurrency: int) -> None:
-    """A closed loop: each of `concurrency` workers starts a run and waits for its approval email (the
-    run has reached its wait) before starting the next, so at most `concurrency` runs are in flight."""
+def start_runs(
+    ingress: Callable[[], Ingress], outbox: Path, run_ids: list[str], orders: dict[str, int], n: int
+) -> None:
+    """A closed loop: each of `n` workers starts a run and waits for its approval email (the run has
+    reached its wait) before starting the next, so at most `n` runs are in flight."""
     local = threading.local()
-    clients: list[httpx.Client] = []
+    clients: list[Ingress] = []
 
     def init() -> None:
-        local.client = httpx.Client(base_url=ingress_url, timeout=60, trust_env=False)
+        local.client = ingress()
         clients.append(local.client)
 
     def emailed(run_id: str) -> bool:
         return any(outbox.glob(f"approval-request_{run_id}-a*.eml"))
 
     def start(run_id: str) -> None:
-        reply = local.client.post(f"/AgentRun/{run_id}/run/send", json=task(orders[run_id]))
+        reply = local.client.start_run(run_id, task(orders[run_id]))
         if reply.status_code != 202:
             raise RuntimeError(f"starting {run_id}: HTTP {reply.status_code} {reply.text}")
         wait_until(functools.partial(emailed, run_id), 120, f"{run_id} to ask for approval", interval=0.05)
 
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=concurrency, initializer=init) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=n, initializer=init) as pool:
             for future in [pool.submit(start, run_id) for run_id in run_ids]:
                 future.result(timeout=600)
     finally:
@@ -136,6 +137,7 @@ def phase(args: argparse.Namespace, root: Path, *, control: bool) -> dict[str, A
             restate, env=env, log_path=root / "app.log", http1=DEPLOYMENT_PROTOCOLS[args.protocol]
         )
         stack.callback(app.stop)
+        ingress = functools.partial(Ingress, restate.ingress_url, env["COUNTERSIGN_JOURNAL_KEYS"])
         batch = max(1, args.runs // args.batches)
         warmup = batch if args.warmup is None else args.warmup
         names = [f"warm-{i:04d}" for i in range(warmup)] + [f"run-{i:05d}" for i in range(args.runs)]
@@ -153,7 +155,7 @@ def phase(args: argparse.Namespace, root: Path, *, control: bool) -> dict[str, A
         rows = [reading(0)]
         t0 = time.monotonic()
         for group in [names[:warmup], *batches(names[warmup:], batch)]:
-            start_runs(restate.ingress_url, root / "outbox", group, orders, args.concurrency)
+            start_runs(ingress, root / "outbox", group, orders, args.concurrency)
             runs: int = rows[-1]["runs"] + len(group)
             done = functools.partial(all_in, restate, status, runs)
             wait_until(done, args.timeout, f"{runs} runs to be {status}", interval=0.5)

@@ -13,7 +13,7 @@ import pytest
 from support.approver import ApprovalEmail, form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.cluster import Cluster, free_port_base
-from support.processes import AppServer, free_port, make_app_env, wait_until
+from support.processes import AppServer, Ingress, free_port, make_app_env, wait_until
 
 RUNS = 12
 
@@ -79,9 +79,10 @@ def test_a_node_dies_while_approvals_wait_and_every_run_completes_once(cluster: 
         cluster.register(1, app.restate_uri)
         outbox, db = tmp_path / "outbox", tmp_path / "db"
         orders = {f"node-loss-{i:02d}": new_order(db, 100000) for i in range(RUNS)}
-        with httpx.Client(base_url=cluster.ingress_url(1), timeout=30) as n1:
+        keys = env["COUNTERSIGN_JOURNAL_KEYS"]
+        with Ingress(cluster.ingress_url(1), keys) as n1:
             for run_id, order in orders.items():
-                assert n1.post(f"/AgentRun/{run_id}/run/send", json=refund(order)).status_code == 202
+                assert n1.start_run(run_id, refund(order)).status_code == 202
         mails = {run_id: wait_for_email(outbox, run_id, timeout=60)[0] for run_id in orders}
         wait_until(lambda: waiting(run_statuses(cluster, 2)) == RUNS, 60, "every run to wait for its approval")
 
@@ -90,9 +91,9 @@ def test_a_node_dies_while_approvals_wait_and_every_run_completes_once(cluster: 
             replies = list(pool.map(approve_until_decided, mails.values()))
         assert set(replies) <= {200, 409}
 
-        with httpx.Client(base_url=cluster.ingress_url(3), timeout=120) as n3:
+        with Ingress(cluster.ingress_url(3), keys) as n3:
             for run_id, order in orders.items():
-                result = n3.get(f"/restate/workflow/AgentRun/{run_id}/attach")
+                result = n3.attach(run_id, timeout=120)
                 assert result.status_code == 200, result.text
                 assert result.json()["actions"][0]["outcome"] == "approved"
                 assert refunds_for(db, run_id) == [(f"{run_id}/0", order, 82000)]
@@ -100,9 +101,9 @@ def test_a_node_dies_while_approvals_wait_and_every_run_completes_once(cluster: 
         assert run_statuses(cluster, 3) == Counter({"completed": RUNS})
 
         cluster.start(1)  # rejoins by itself, with everything that happened while it was down
-        with httpx.Client(base_url=cluster.ingress_url(1), timeout=60) as n1:
+        with Ingress(cluster.ingress_url(1), keys) as n1:
             for run_id in orders:
-                output = n1.get(f"/restate/workflow/AgentRun/{run_id}/output")
+                output = n1.output(run_id)
                 assert output.status_code == 200 and output.json()["status"] == "completed"
     finally:
         app.stop()

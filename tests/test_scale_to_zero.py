@@ -10,11 +10,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
 import pytest
 from support.approver import CSRF, ApprovalEmail, approval_emails
 from support.business import new_order
-from support.processes import RestateServer, StackFactory, port_is_free, wait_until
+from support.processes import Ingress, IsolatedStack, RestateServer, StackFactory, port_is_free, wait_until
 
 RUNS = 200
 WORKERS = 16
@@ -29,14 +28,14 @@ def refund(order: int) -> dict[str, Any]:
     }
 
 
-def in_parallel(fn: Callable[[httpx.Client, str], T], run_ids: Iterable[str]) -> dict[str, T]:
+def in_parallel(fn: Callable[[Ingress, str], T], run_ids: Iterable[str], stack: IsolatedStack) -> dict[str, T]:
     """`fn(client, run_id)` for every run on WORKERS threads; each thread keeps one client (a new httpx
     client costs ~40 ms of CPU for its TLS context, which would dominate this test)."""
     local = threading.local()
-    clients: list[httpx.Client] = []
+    clients: list[Ingress] = []
 
     def init() -> None:
-        local.client = httpx.Client(timeout=60, trust_env=False)
+        local.client = Ingress(stack.restate.ingress_url, stack.env["COUNTERSIGN_JOURNAL_KEYS"])
         clients.append(local.client)
 
     try:
@@ -48,8 +47,9 @@ def in_parallel(fn: Callable[[httpx.Client, str], T], run_ids: Iterable[str]) ->
             client.close()
 
 
-def approve(client: httpx.Client, link: str) -> int:
+def approve(ingress: Ingress, link: str) -> int:
     """What a person does: open the page, press Approve (the form's CSRF value, same-origin POST)."""
+    client = ingress.client  # a plain HTTP client: the link is absolute
     page = client.get(link)
     match = CSRF.search(page.text)
     assert match, f"no form on the page (status {page.status_code})"
@@ -89,11 +89,10 @@ def test_200_paused_runs_need_no_handler_and_each_refund_happens_once(private_st
     prefix = "zero-"
     orders = {f"{prefix}{i:03d}": new_order(stack.db_path, 100000) for i in range(RUNS)}
 
-    def start(client: httpx.Client, run_id: str) -> int:
-        url = f"{restate.ingress_url}/AgentRun/{run_id}/run/send"
-        return client.post(url, json=refund(orders[run_id])).status_code
+    def start(ingress: Ingress, run_id: str) -> int:
+        return ingress.start_run(run_id, refund(orders[run_id])).status_code
 
-    assert set(in_parallel(start, orders).values()) == {202}
+    assert set(in_parallel(start, orders, stack).values()) == {202}
     wait_until(lambda: all_in(restate, prefix, "suspended"), 180, f"all {RUNS} runs to suspend", interval=0.5)
     mails: dict[str, ApprovalEmail] = {}
     for run_id in orders:
@@ -104,13 +103,11 @@ def test_200_paused_runs_need_no_handler_and_each_refund_happens_once(private_st
     assert run_statuses(restate, prefix) == Counter({"suspended": RUNS}), "nothing retries against the gone handler"
 
     app.restart()
-    replies = in_parallel(lambda client, run_id: approve(client, mails[run_id].link), orders)
+    replies = in_parallel(lambda ingress, run_id: approve(ingress, mails[run_id].link), orders, stack)
     assert Counter(replies.values()) == Counter({200: RUNS})
     wait_until(lambda: all_in(restate, prefix, "completed"), 180, f"all {RUNS} runs to complete", interval=0.5)
 
-    outputs = in_parallel(
-        lambda client, run_id: client.get(f"{restate.ingress_url}/restate/workflow/AgentRun/{run_id}/output"), orders
-    )
+    outputs = in_parallel(lambda ingress, run_id: ingress.output(run_id), orders, stack)
     assert {r.status_code for r in outputs.values()} == {200}
     assert {r.json()["actions"][0]["outcome"] for r in outputs.values()} == {"approved"}
     assert refunds_by_key(stack.db_path, prefix) == {f"{run_id}/0": (1, orders[run_id], 51000) for run_id in orders}

@@ -27,10 +27,10 @@ from support.serverless import (
     LambdaBridge,
     deployment_id,
     deployments,
-    make_identity_key,
     pinned_deployments,
 )
 
+from handlers import identity
 from handlers.cli import parser
 from handlers.lambda_handler import create_handler
 from handlers.settings import Settings
@@ -84,12 +84,11 @@ def test_lambda_handler_answers_discovery_and_health_in_process(tmp_path: Path) 
 
 
 def test_lambda_handler_refuses_unsigned_requests_when_identity_keys_are_set(tmp_path: Path) -> None:
-    key = make_identity_key(tmp_path / "identity")
     settings = Settings(
         countersign_env="test",
         approvals_signing_keys={"k1": b"s" * 40},
         approvals_outbox_dir=tmp_path / "outbox",
-        restate_identity_keys=[key.public_key],
+        restate_identity_keys=[identity.ensure_key_pair(tmp_path / "identity.pem")],
     )
 
     def unsigned() -> tuple[int, int]:
@@ -110,11 +109,8 @@ def test_lambda_handler_refuses_to_start_without_signing_keys(tmp_path: Path) ->
 @pytest.mark.slow
 def test_a_run_served_by_the_lambda_handler_pauses_and_completes(private_stacks: StackFactory, tmp_path: Path) -> None:
     """restate-server signs every request; the handler sees only Lambda events, one per attempt."""
-    key = make_identity_key(tmp_path / "identity")
-    stack = private_stacks(
-        restate_env={"RESTATE_WORKER__INVOKER__REQUEST_IDENTITY_PRIVATE_KEY_PEM_FILE": str(key.private_pem)},
-        app_env={"RESTATE_IDENTITY_KEYS": key.public_key},
-    )
+    stack = private_stacks()
+    assert stack.env["RESTATE_IDENTITY_KEYS"] == stack.restate.identity_key
     unsigned = httpx.get(f"{stack.app.restate_uri}/discover", timeout=10, trust_env=False)
     assert unsigned.status_code == 401
 

@@ -1,14 +1,12 @@
-"""Serverless test parts: the Lambda stand-in process, request identity keys, deployments.
+"""Serverless test parts: the Lambda stand-in process and deployment look-ups.
 
 Guarantee: the Lambda stand-in is managed like the app (own session, stopped by PID, bounded
-waits); identity keys are real ed25519 keys made by openssl, in the format restate-server prints.
+waits); the deployment helpers only read the admin API.
 """
 
 from __future__ import annotations
 
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,7 +15,6 @@ import httpx
 from support.processes import AppServer, RestateServer
 
 BRIDGE = Path(__file__).resolve().parent / "lambda_bridge.py"
-_BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 
 
 class LambdaBridge(AppServer):
@@ -36,29 +33,6 @@ class LambdaBridge(AppServer):
         """`METHOD PATH -> STATUS` for every event the handler received so far."""
         text = self.log_path.read_text(encoding="utf-8", errors="replace")
         return [line.removeprefix("lambda event: ") for line in text.splitlines() if line.startswith("lambda event: ")]
-
-
-@dataclass
-class IdentityKey:
-    private_pem: Path
-    public_key: str
-    """`publickeyv1_<base58 of the raw ed25519 public key>`: what RESTATE_IDENTITY_KEYS takes."""
-
-
-def make_identity_key(directory: Path) -> IdentityKey:
-    directory.mkdir(parents=True, exist_ok=True)
-    pem = directory / "identity_private.pem"
-    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(pem)], check=True, capture_output=True)
-    der = subprocess.run(
-        ["openssl", "pkey", "-in", str(pem), "-pubout", "-outform", "DER"], check=True, capture_output=True
-    ).stdout
-    raw = der[-32:]
-    number, encoded = int.from_bytes(raw, "big"), ""
-    while number:
-        number, digit = divmod(number, 58)
-        encoded = _BASE58[digit] + encoded
-    leading_zeros = len(raw) - len(raw.lstrip(b"\0"))
-    return IdentityKey(private_pem=pem, public_key="publickeyv1_" + "1" * leading_zeros + encoded)
 
 
 def deployments(restate: RestateServer) -> list[dict[str, Any]]:
