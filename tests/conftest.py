@@ -1,11 +1,12 @@
 """Pytest fixtures: one restate-server and one handlers app per session, plus private stacks.
 
 Guarantee: every process a fixture starts is stopped by that fixture's teardown, in reverse
-order of starting, whether or not the test passed (see support.processes for how). Every test that
-uses the session stack (`restate_server`, `app_server`, ...) or `isolated_stack` runs twice: with the
-deployment registered over HTTP/2 (bidirectional streaming) and over HTTP/1.1 (request/response, as
-serverless platforms invoke it). Each protocol gets its own session stack, so nothing one mode left
-behind (workflow keys, demo rows) is seen by the other.
+order of starting, whether or not the test passed (see support.processes for how). The tests of the
+modules in BOTH_PROTOCOLS that use the session stack (`restate_server`, `app_server`, ...) or
+`isolated_stack` run twice: with the deployment registered over HTTP/2 (bidirectional streaming) and
+over HTTP/1.1 (request/response, as serverless platforms invoke it); all other tests run over HTTP/2.
+Each protocol gets its own session stack, so nothing one mode left behind (workflow keys, demo rows)
+is seen by the other.
 """
 
 from __future__ import annotations
@@ -27,10 +28,33 @@ from support.processes import (
     start_registered_app,
 )
 
+BOTH_PROTOCOLS = frozenset(
+    {
+        "test_approval_flow",
+        "test_approval_semantics",
+        "test_deadline_and_refusals",
+        "test_durability",
+        "test_models_replay",
+        "test_operations",
+        "test_serverless",
+    }
+)
+"""Modules whose runs pause, resume and replay in the handler, where request/response differs from a
+stream (every step ends an attempt and the next one replays the journal). The others check the web
+tier, the security of pages, links and the journal codec, or the browser: the protocol does not
+change what they check, and running them twice would double the suite's time for nothing."""
 
-@pytest.fixture(scope="session", params=list(DEPLOYMENT_PROTOCOLS))
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "deployment_protocol" in metafunc.fixturenames:
+        module = metafunc.module.__name__.rsplit(".", 1)[-1]
+        protocols = list(DEPLOYMENT_PROTOCOLS) if module in BOTH_PROTOCOLS else ["http2"]
+        # Session scope: pytest runs all tests of one protocol before switching to the other.
+        metafunc.parametrize("deployment_protocol", protocols, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
 def deployment_protocol(request: pytest.FixtureRequest) -> str:
-    """Session-scoped, so pytest runs all tests of one protocol before switching to the other."""
     return str(request.param)
 
 
