@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support.approver import ApprovalEmail, form_csrf, submit, wait_for_email
+from support.approver import CSRF, ApprovalEmail, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.cluster import Cluster, free_port_base
 from support.processes import AppServer, Ingress, free_port, make_app_env, wait_until
@@ -52,17 +52,23 @@ def waiting(statuses: Counter[str]) -> int:
 
 
 def approve_until_decided(mail: ApprovalEmail) -> int:
-    """A person presses Approve, and presses again if the page says to try again (503 while a leader moves).
-    A press whose answer timed out may still be applied later; the next press then gets 409 (approved)."""
+    """A person opens the page and presses Approve, and tries again when the page says to (503: the
+    page could not reach Restate in time while a leader moved). A press whose answer timed out may
+    still be applied later; the next look then finds the approval decided (no form, or a 409)."""
 
     def attempt() -> int | None:
         try:
-            reply = submit(mail.link, "approve", csrf=csrf)
+            page = open_page(mail.link)
+            if page.status_code == 503:
+                return None
+            form = CSRF.search(page.text)
+            if form is None:
+                return page.status_code
+            reply = submit(mail.link, "approve", csrf=form.group(1))
         except httpx.TimeoutException:
             return None
         return None if reply.status_code == 503 else reply.status_code
 
-    csrf = form_csrf(mail.link)
     return wait_until(attempt, 120, f"the approval of {mail.path.name} to be taken", interval=1.0)
 
 
