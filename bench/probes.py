@@ -46,10 +46,13 @@ class DiskUsage:
     files: int
 
 
-def disk_usage(folder: Path) -> DiskUsage:
+def disk_usage(folder: Path, skip: tuple[str, ...] = ()) -> DiskUsage:
+    """Sizes of every file under `folder`, except those whose name ends with one of `skip`."""
     allocated = apparent = files = 0
     for root, _, names in os.walk(folder):
         for name in names:
+            if name.endswith(skip):
+                continue
             try:
                 st = os.lstat(os.path.join(root, name))
             except FileNotFoundError:

@@ -42,16 +42,8 @@ class Stack:
 
     @classmethod
     def start(cls, work: Path, cleanup: ExitStack) -> Stack:
-        committed = tomllib.loads(RESTATE_CONFIG.read_text())
         restate_dir = work / "restate"
-        restate = RestateServer.start(
-            restate_dir,
-            extra_env={
-                "RESTATE_DEFAULT_NUM_PARTITIONS": str(committed["default-num-partitions"]),
-                "RESTATE_ROCKSDB_TOTAL_MEMORY_SIZE": str(committed["rocksdb-total-memory-size"]),
-                "RESTATE_WORKER__INVOKER__INACTIVITY_TIMEOUT": INACTIVITY_TIMEOUT,
-            },
-        )
+        restate = start_restate(restate_dir)
         cleanup.callback(restate.stop)
 
         outbox, markers, db_path = work / "outbox", work / "markers", work / "business.db"
@@ -72,3 +64,27 @@ class Stack:
         cleanup.callback(floor.stop)
         restate.register(floor.restate_uri)
         return cls(restate, countersign, floor, outbox, markers, db_path, restate_dir)
+
+    def second_restate(self, base_dir: Path) -> RestateServer:
+        """Another restate-server (same settings) with both handler deployments registered: a data dir
+        that holds one scenario's data only. The caller stops it."""
+        restate = start_restate(base_dir)
+        try:
+            restate.register(self.countersign.restate_uri)
+            restate.register(self.floor.restate_uri)
+        except BaseException:
+            restate.stop()
+            raise
+        return restate
+
+
+def start_restate(base_dir: Path) -> RestateServer:
+    committed = tomllib.loads(RESTATE_CONFIG.read_text())
+    return RestateServer.start(
+        base_dir,
+        extra_env={
+            "RESTATE_DEFAULT_NUM_PARTITIONS": str(committed["default-num-partitions"]),
+            "RESTATE_ROCKSDB_TOTAL_MEMORY_SIZE": str(committed["rocksdb-total-memory-size"]),
+            "RESTATE_WORKER__INVOKER__INACTIVITY_TIMEOUT": INACTIVITY_TIMEOUT,
+        },
+    )
