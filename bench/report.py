@@ -51,10 +51,10 @@ def headlines(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
     if "paused_cost" in metrics:
         m = metrics["paused_cost"]
         rows["paused_cost"] = {
-            "unit": "bytes of restate data per paused run",
-            "floor": m["floor"]["disk_bytes_per_run"],
-            "countersign": m["countersign"]["disk_bytes_per_run"],
-            "ratio": m["ratio_disk"],
+            "unit": "bytes per paused run: du of the data dir / Restate's journal+state count",
+            "floor": [m["floor"]["disk_bytes_per_run"], m["floor"]["restate_bytes_per_run"]],
+            "countersign": [m["countersign"]["disk_bytes_per_run"], m["countersign"]["restate_bytes_per_run"]],
+            "ratio": m["ratio_restate_bytes"],
         }
     if "crash_recovery" in metrics:
         m = metrics["crash_recovery"]
