@@ -121,19 +121,21 @@ async def approval_path(d: Driver) -> dict[str, Any]:
 async def resume_after_turns(d: Driver) -> dict[str, Any]:
     """Metric `resume_after_turns`: approver POST -> done, after N model turns of journal."""
     result: dict[str, Any] = {}
-    for turns in d.plan.resume_turns:
-        n = d.plan.resume_samples
-        ids = {s.name: d.run_ids(s, f"res{turns}", n) for s in d.subjects}
-        d.countersign.new_orders(ids["countersign"])
-        progress(f"resume after {turns} turns: {n} runs per system")
+    n = d.plan.resume_samples
+    ids = {turns: {s.name: d.run_ids(s, f"res{turns}", n) for s in d.subjects} for turns in d.plan.resume_turns}
+    progress(f"resume after {', '.join(map(str, d.plan.resume_turns))} turns: {n} runs each per system")
+    for turns, by_system in ids.items():
+        d.countersign.new_orders(by_system["countersign"])
         for subject in d.subjects:
-            tasks = {run_id: subject.waiting_task(run_id, turns) for run_id in ids[subject.name]}
+            tasks = {run_id: subject.waiting_task(run_id, turns) for run_id in by_system[subject.name]}
             await d.start_all(subject, tasks)
-        for subject in d.subjects:
-            await d.wait_notified(subject, ids[subject.name])
-            await d.wait_suspended(subject, ids[subject.name])
+    for subject in d.subjects:
+        everyone = [run_id for by_system in ids.values() for run_id in by_system[subject.name]]
+        await d.wait_notified(subject, everyone)
+        await d.wait_suspended(subject, everyone)
+    for turns, by_system in ids.items():
         cpu = {s.name: d.cpu(s) for s in d.subjects}
-        approved = await approve_samples(d, ids, cpu)
+        approved = await approve_samples(d, by_system, cpu)
         for subject in d.subjects:
             done = [sample[0] for sample in approved[subject.name]]
             entry = {**latency_summary(done), "cpu_ms_per_op": cpu[subject.name].ms_per_op(n)}

@@ -16,6 +16,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import httpx
+from support.processes import RestateServer
 
 from bench.driver import Driver, progress
 from bench.floor import SERVICE as FLOOR_SERVICE
@@ -28,6 +29,7 @@ DISK_TARGET_BYTES = 8 * 1024
 RSS_FLAT_FRACTION = 0.2
 """The handler's RSS may grow by at most this fraction from the first to the last paused size."""
 SETTLE_LIMIT_S = 20.0
+SETTLE_INTERVAL_S = 0.5
 SERVER_LOG = (".log",)
 
 
@@ -53,23 +55,27 @@ def _task(d: Driver, subject: Subject, run_id: str) -> dict[str, Any]:
 
 async def paused_runs(d: Driver) -> dict[str, Any]:
     """Metrics `start_to_paused_throughput` and `paused_cost`, each system on a restate-server of its own."""
-    async with AsyncExitStack() as cleanup:
-        drivers: dict[str, Driver] = {}
-        for subject in d.subjects:
-            base_dir = d.stack.restate_dir.parent / f"restate-paused-{subject.name}"
-            restate = await asyncio.to_thread(d.stack.second_restate, base_dir)
-            cleanup.push_async_callback(asyncio.to_thread, restate.stop)
-            ingress = await cleanup.enter_async_context(
-                httpx.AsyncClient(
-                    base_url=restate.ingress_url,
-                    timeout=d.plan.timeout,
-                    trust_env=False,
-                    limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+    servers: list[RestateServer] = []
+    try:
+        async with AsyncExitStack() as clients:
+            drivers: dict[str, Driver] = {}
+            for subject in d.subjects:
+                base_dir = d.stack.restate_dir.parent / f"restate-paused-{subject.name}"
+                restate = await asyncio.to_thread(d.stack.second_restate, base_dir)
+                servers.append(restate)
+                ingress = await clients.enter_async_context(
+                    httpx.AsyncClient(
+                        base_url=restate.ingress_url,
+                        timeout=d.plan.timeout,
+                        trust_env=False,
+                        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+                    )
                 )
-            )
-            own = dataclasses.replace(d.stack, restate=restate, restate_dir=base_dir)
-            drivers[subject.name] = dataclasses.replace(d, stack=own, ingress=ingress)
-        return await _measure(d, drivers)
+                own = dataclasses.replace(d.stack, restate=restate, restate_dir=base_dir)
+                drivers[subject.name] = dataclasses.replace(d, stack=own, ingress=ingress)
+            return await _measure(d, drivers)
+    finally:
+        await asyncio.gather(*(asyncio.to_thread(server.stop) for server in servers))
 
 
 async def _measure(d: Driver, drivers: dict[str, Driver]) -> dict[str, Any]:
@@ -160,7 +166,7 @@ async def _reading(d: Driver) -> dict[str, Any]:
     deadline = time.monotonic() + SETTLE_LIMIT_S
     usage = disk_usage(d.stack.restate_dir, skip=SERVER_LOG)
     while time.monotonic() < deadline:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(SETTLE_INTERVAL_S)
         again = disk_usage(d.stack.restate_dir, skip=SERVER_LOG)
         if again.allocated == usage.allocated:
             break

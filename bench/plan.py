@@ -98,8 +98,8 @@ def quick_plan() -> Plan:
         resume_turns=(2, 6),
         resume_samples=2,
         concurrency=16,
-        paused_sizes=(64,),
-        crash_runs=8,
+        paused_sizes=(48,),
+        crash_runs=6,
         crash_turns=3,
         timeout=60.0,
     ).check()
