@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import secrets
 import sys
@@ -22,6 +23,8 @@ from bench.plan import Plan
 from bench.probes import CpuAccount
 from bench.stack import Stack
 from bench.subjects import BenchError, Countersign, Floor, Subject
+from handlers.codec import JournalCipher
+from handlers.settings import parse_journal_keys
 
 T = TypeVar("T")
 
@@ -57,7 +60,7 @@ class Driver:
         response = await self.ingress.post(f"/{subject.service}/{run_id}/run", json=task, timeout=self.plan.timeout)
         if response.status_code != 200:
             raise BenchError(f"{run_id} answered {response.status_code}: {response.text[:300]}")
-        return cast(dict[str, Any], response.json())
+        return _output(subject, response)
 
     async def attach(self, subject: Subject, run_id: str) -> dict[str, Any]:
         """Wait for the run to complete and return its output."""
@@ -66,7 +69,7 @@ class Driver:
         )
         if response.status_code != 200:
             raise BenchError(f"{run_id} ended with {response.status_code}: {response.text[:300]}")
-        return cast(dict[str, Any], response.json())
+        return _output(subject, response)
 
     async def start_all(self, subject: Subject, tasks: dict[str, dict[str, Any]]) -> None:
         await bounded_gather((self.send(subject, run_id, task) for run_id, task in tasks.items()), 16)
@@ -120,3 +123,10 @@ def progress(message: str) -> None:
 def sql_literal(value: str) -> str:
     """A quoted SQL string for restate's admin query API (which takes no bind parameters)."""
     return "'" + value.replace("'", "''") + "'"
+
+
+def _output(subject: Subject, response: httpx.Response) -> dict[str, Any]:
+    """A run's output, opened with the app's journal keys when it sealed it (as in production)."""
+    keys = subject.app.env.get("COUNTERSIGN_JOURNAL_KEYS")
+    raw = JournalCipher(parse_journal_keys(keys)).open(response.content) if keys else response.content
+    return cast(dict[str, Any], json.loads(raw))
