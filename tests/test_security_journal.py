@@ -147,7 +147,7 @@ def test_a_failing_step_is_stored_scrubbed(isolated_stack: StackFactory) -> None
     [action] = result["actions"]
     assert action["outcome"] == "failed" and "[email]" in action["result"]["error"]
     held = everything_restate_holds(stack.restate, "failing-step")
-    assert "RuntimeError(\"issue_refund failed for" in held, "the step's failure is in the journal, readable"
+    assert 'RuntimeError("issue_refund failed for' in held, "the step's failure is in the journal, readable"
     assert email not in held
 
 
