@@ -46,6 +46,7 @@ PORT_RELEASE_TIMEOUT = 15.0
 LOG_TAIL_LINES = 40
 DEPLOYMENT_PROTOCOLS = {"http2": False, "http1.1": True}
 """Test id -> whether a deployment is registered with `use_http_11` (request/response) or not (bidi)."""
+ALWAYS_REPLAY = "ALWAYS_REPLAY"
 
 T = TypeVar("T")
 
@@ -249,6 +250,12 @@ def _port_of(bind_address: str) -> int:
     return int(bind_address.rsplit(":", 1)[1])
 
 
+def inactivity_timeout() -> str:
+    """2 s normally; 0 s under replay torture (`ALWAYS_REPLAY=1`, set by `pytest --always-replay`),
+    where every await suspends the invocation and every resume replays its journal from the start."""
+    return "0s" if os.environ.get(ALWAYS_REPLAY) == "1" else "2s"
+
+
 def _sql_literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -293,7 +300,7 @@ class RestateServer:
             "RESTATE_DISABLE_TELEMETRY": "true",
             "RESTATE_LOG_DISABLE_ANSI_CODES": "true",
             "RESTATE_SHUTDOWN_TIMEOUT": "5s",
-            "RESTATE_WORKER__INVOKER__INACTIVITY_TIMEOUT": "2s",
+            "RESTATE_WORKER__INVOKER__INACTIVITY_TIMEOUT": inactivity_timeout(),
             **(extra_env or {}),
         }
         log_path = base_dir / "restate-server.log"
