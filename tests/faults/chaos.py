@@ -1,0 +1,76 @@
+"""The fault injector: kill -9 the handler and restate-server, and arm crash points in rotation.
+
+Guarantee: only the driver thread calls it, so a kill and a restart never overlap; `COUNTERSIGN_FAULT`
+can name one crash point per process start, so every start of the handler (after a kill, or after a
+crash point fired) arms the next point of the rotation, never the one that just fired; `disarm`
+leaves the handler running with no crash point. Every fault is counted by kind.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable
+
+from support.processes import IsolatedStack
+
+from faults.plan import FaultKind
+
+FAULT = "COUNTERSIGN_FAULT"
+
+
+class Chaos:
+    def __init__(self, stack: IsolatedStack, rotation: list[str | None], log: Callable[[str], None]) -> None:
+        self.stack = stack
+        self._rotation = itertools.cycle(rotation)
+        self._log = log
+        self.injected: Counter[str] = Counter()
+        self.armed: str | None = stack.app.env.get(FAULT)
+
+    def _next_point(self) -> str | None:
+        while (point := next(self._rotation)) == self.armed and point is not None:
+            pass
+        return point
+
+    def _start_app(self, point: str | None) -> None:
+        if point is None:
+            self.stack.app.env.pop(FAULT, None)
+        else:
+            self.stack.app.env[FAULT] = point
+        self.armed = point
+        self.stack.app.restart()
+        self._log(f"handler started, crash point armed: {point or '(none)'}")
+
+    def arm(self, point: str | None) -> None:
+        """Restart the handler (kill -9) with `point` armed, counting the kill."""
+        self.stack.app.kill9()
+        self.injected["kill -9 handler"] += 1
+        self._start_app(point)
+
+    def inject(self, kind: FaultKind) -> None:
+        self._log(f"injecting {kind}")
+        self.injected[kind] += 1
+        if kind in ("kill -9 handler", "kill -9 both"):
+            self.stack.app.kill9()
+        if kind in ("kill -9 restate-server", "kill -9 both"):
+            self.stack.restate.restart(hard=True)
+        if kind != "kill -9 restate-server":
+            self._start_app(self._next_point())
+
+    def notice_crash(self) -> bool:
+        """If an armed crash point killed the handler, count it and restart with the next point."""
+        if self.stack.app.alive():
+            return False
+        self._log(f"crash point fired: {self.armed}")
+        self.injected[f"crash point {self.armed}"] += 1
+        self._start_app(self._next_point())
+        return True
+
+    def disarm(self) -> None:
+        if self.armed is not None:
+            self.stack.app.kill9()
+            self.injected["kill -9 handler"] += 1
+            self._start_app(None)
+
+    def fired(self, prefix: str) -> int:
+        return sum(n for kind, n in self.injected.items() if kind.startswith(f"crash point {prefix}"))
