@@ -169,9 +169,11 @@ def check_decisions(ev: Evidence, clicks: list[Click], cancels: list[Cancel], ch
                 continue
             counted = [e for e in decided if e["actor"] == person and e["details"]["reason"] == own.reason]
             if own.status == 200:
-                checks.check(len(counted) == 1, f"{approval_id}: {person}'s accepted {own.verdict} was not counted")
+                checks.check(
+                    len(counted) == 1, f"{approval_id}: {person}'s accepted {own.verdict} is not in the audit trail"
+                )
             else:
-                checks.check(counted == [], f"{approval_id}: {person}'s refused {own.verdict} was counted anyway")
+                checks.check(counted == [], f"{approval_id}: {person}'s refused {own.verdict} is in the audit trail")
         approves = {e["actor"] for e in decided if e["details"]["verdict"] == "approve"}
         rejects = [e for e in decided if e["details"]["verdict"] == "reject"]
         state = record["state"]

@@ -17,6 +17,8 @@ from support.approver import form_csrf, open_page, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import AppServer, Ingress, RestateServer, StackFactory, wait_until
 
+from handlers.tools.business_db import connect, transaction
+
 
 def refund(order: int, amount: str = "700.00") -> dict[str, Any]:
     return {
@@ -208,3 +210,32 @@ def test_double_submit_is_one_decision(
     assert len(refunds_for(demo_db, run_id)) == 1
     assert len(human_decisions(ingress, f"{run_id}-a0")) == 1
     assert [e["kind"] for e in audit_of(ingress, f"{run_id}-a0")].count("executed") == 1
+
+
+def test_every_accepted_vote_is_audited_even_when_another_decided_first(
+    app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    """Two approvers of one deletion press at once, one to reject and one to approve. When the rejection
+    decides before the run has counted the approval, that approval was still accepted (its person was
+    told it is recorded), so the audit trail must hold it too."""
+    runs = {f"{run_id}-{i}": f"c_{new_order(demo_db, 100)}" for i in range(6)}
+    for run, customer in runs.items():
+        with connect(demo_db) as db, transaction(db):
+            db.execute("INSERT INTO customers(id, name, email) VALUES (?, 'Race', 'r@example.com')", (customer,))
+        delete = {"tool": "delete_customer", "args": {"customer_id": customer, "reason": "race"}}
+        ingress.start_run(run, {"goal": "quorum race", "requester": "alice@example.com", "script": [delete]})
+    forms = []
+    for run in runs:
+        for mail in wait_for_email(outbox_dir, run, count=2):
+            person = str(mail.message["To"])
+            vote = "reject" if person == "ops@example.com" else "approve"
+            forms.append((run, person, vote, mail.link, form_csrf(mail.link)))
+    with concurrent.futures.ThreadPoolExecutor(len(forms)) as pool:
+        replies = list(pool.map(lambda f: post(f[3], f[4], f[2], f"{f[2]} by {f[1]}"), forms))
+    for (run, person, vote, _, _), reply in zip(forms, replies, strict=True):
+        ingress.wait_output(run)
+        audited = [d["details"] for d in human_decisions(ingress, f"{run}-a0") if d["actor"] == person]
+        if reply.status_code == 200:
+            assert [(d["verdict"], d["reason"]) for d in audited] == [(vote, f"{vote} by {person}")], run
+        else:
+            assert audited == [], (run, person, reply.status_code)
