@@ -12,7 +12,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable
 
-from support.processes import IsolatedStack
+from support.processes import IsolatedStack, ProcessStartError
 
 from faults.plan import FaultKind
 
@@ -22,6 +22,7 @@ FAULT = "COUNTERSIGN_FAULT"
 class Chaos:
     def __init__(self, stack: IsolatedStack, rotation: list[str | None], log: Callable[[str], None]) -> None:
         self.stack = stack
+        self._points = rotation
         self._rotation = itertools.cycle(rotation)
         self._log = log
         self.injected: Counter[str] = Counter()
@@ -33,13 +34,26 @@ class Chaos:
         return point
 
     def _start_app(self, point: str | None) -> None:
-        if point is None:
-            self.stack.app.env.pop(FAULT, None)
-        else:
-            self.stack.app.env[FAULT] = point
-        self.armed = point
-        self.stack.app.restart()
-        self._log(f"handler started, crash point armed: {point or '(none)'}")
+        """Start the handler with `point` armed. Restate retries at once, so the point may fire before
+        the handler reports healthy: that counts as fired, and the next point is armed instead."""
+        for _ in range(2 * len(self._points) + 1):
+            if point is None:
+                self.stack.app.env.pop(FAULT, None)
+            else:
+                self.stack.app.env[FAULT] = point
+            self.armed = point
+            try:
+                self.stack.app.restart()
+            except ProcessStartError as exc:
+                if point is None or "exit code 137" not in str(exc):
+                    raise
+                self._log(f"crash point fired while the handler started: {point}")
+                self.injected[f"crash point {point}"] += 1
+                point = self._next_point()
+                continue
+            self._log(f"handler started, crash point armed: {point or '(none)'}")
+            return
+        raise AssertionError("every crash point fired during startup, again and again")
 
     def arm(self, point: str | None) -> None:
         """Restart the handler (kill -9) with `point` armed, counting the kill."""

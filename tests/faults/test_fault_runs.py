@@ -8,17 +8,19 @@ accepted). At the end: nothing lost, nothing done twice, nothing done without it
 
 from __future__ import annotations
 
+import json
+import shutil
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from support.business import new_order
-from support.processes import IsolatedStack, StackFactory, wait_until
+from support.processes import REPO, IsolatedStack, StackFactory, wait_until
 
 from faults.chaos import Chaos
 from faults.conftest import FaultOptions
@@ -36,6 +38,7 @@ from faults.people import Click, Mail, People, read_mail
 from faults.plan import FINANCE, OPS, POLICY_TOML, SECURITY, Choice, FaultPlan, RunPlan, draw
 from handlers.tools.business_db import connect, transaction
 
+ARTIFACTS = REPO / "test-artifacts" / "faults"
 QUIET_TIMEOUT = 180.0
 """How long, after the last planned event, every run may take to finish (restarts included)."""
 
@@ -199,8 +202,22 @@ class Session:
     def _all_completed(self) -> bool:
         return all(r["status"] == "completed" for r in self.stack.restate.sql("SELECT status FROM sys_invocation"))
 
-    def verify(self, run_ids: list[str], tmp: Path) -> tuple[Checks, Evidence]:
-        evidence = gather(self.stack, run_ids, list(self.seen.values()), [FINANCE, OPS, SECURITY], tmp)
+    def save(self, folder: Path) -> None:
+        """What happened, for the person reading a failure: the log, every click and cancel, process logs."""
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "session.log").write_text("\n".join(self.log) + "\n")
+        people = {
+            "clicks": [asdict(c) for c in self.people.clicks],
+            "cancels": [asdict(c) for c in self.people.cancels],
+        }
+        (folder / "people.json").write_text(json.dumps(people, indent=1, default=str))
+        shutil.copy(self.stack.app.log_path, folder / "app.log")
+        shutil.copy(self.stack.restate.log_path, folder / "restate-server.log")
+
+    def verify(self, run_ids: list[str], folder: Path) -> tuple[Checks, Evidence]:
+        folder.mkdir(parents=True, exist_ok=True)
+        evidence = gather(self.stack, run_ids, list(self.seen.values()), [FINANCE, OPS, SECURITY], folder)
+        (folder / "evidence.json").write_text(json.dumps(asdict(evidence), indent=1, default=str))
         checks = Checks()
         check_liveness(evidence, run_ids, self.people.cancels, checks)
         check_decisions(evidence, self.people.clicks, self.people.cancels, checks)
@@ -222,15 +239,15 @@ def test_randomized_faults_lose_nothing_and_repeat_nothing(
     session = Session(plan, stack, People(stack.app.url, stack.restate.ingress_url))
     reproduce = f"pytest tests/faults --seed {plan.seed} --runs {len(plan.runs)}"
     session.note(f"fault session seed={plan.seed} runs={len(plan.runs)}")
-    log = tmp_path / "fault-session.log"
+    artifacts = ARTIFACTS / f"seed-{plan.seed}-runs-{len(plan.runs)}"
     fault_report.append(f"fault session seed={plan.seed} runs={len(plan.runs)} (same plan again: {reproduce})")
     try:
-        checks, evidence = session.verify(session.finish(), tmp_path)
+        checks, evidence = session.verify(session.finish(), artifacts)
     finally:
         injected = dict(sorted(session.chaos.injected.items()))
         fault_report.append(f"  faults injected ({sum(injected.values())}): {injected}")
-        fault_report.append(f"  log: {log}")
-        log.write_text("\n".join(session.log) + "\n")
+        fault_report.append(f"  session log, evidence and process logs: {artifacts}")
+        session.save(artifacts)
     outcomes = Counter(f"{a['tool']}:{a['outcome']}" for r in evidence.results.values() for a in r.get("actions", []))
     fault_report.append(f"  invariants checked: {checks.count}, violated: {len(checks.failures)}")
     fault_report.append(f"  outcomes: {dict(sorted(outcomes.items()))}")
