@@ -13,17 +13,19 @@ import os
 import sqlite3
 import subprocess
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
-from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
+from fakes.resend_server import FakeResend
 from support.processes import REPO, IsolatedStack
 
-from faults.people import Cancel, Click, Mail
+from faults.mail import Mail, MailSource
+from faults.people import Cancel, Click
 from handlers.gate import action_digest
+from handlers.mail.intent import APPROVER_KINDS
 
 EXECUTED = {"approved", "approved_with_edits", "autonomous"}
 STUCK = ("paused", "backing-off")
@@ -257,38 +259,67 @@ def _check_approved_digest(ev: Evidence, run: str, action: dict[str, Any], check
     checks.check(len(approves) >= record["quorum"], f"{approval_id}: executed with approvals from {approves} only")
 
 
-def _message_id(key: str) -> str:
-    return f"<{sha256(key.encode()).hexdigest()[:40]}@countersign.local>"
-
-
-def _first_asking(ev: Evidence, record: dict[str, Any], person: str) -> str:
-    """The batch email to `person` is keyed by the first item of the batch that asks them."""
+def _first_asking(ev: Evidence, record: dict[str, Any], person: str) -> tuple[dict[str, Any], int]:
+    """The batch email to `person` is keyed by the first item of the batch that asks them, and their slot there."""
     for index in record["batch"]:
         item = ev.approvals[f"{record['run_id']}-a{index}"]
-        if person in (item["approvers"][s] for s in item["active_slots"]):
-            return str(item["approval_id"])
+        for slot in item["active_slots"]:
+            if item["approvers"][slot] == person:
+                return item, slot
     raise AssertionError(f"{person} is asked about nothing in {record['batch']}")
 
 
-def check_emails(ev: Evidence, checks: Checks) -> None:
-    """One approval email per intent, each accepted once and recorded in the audit trail."""
-    in_outbox: dict[str, list[Mail]] = defaultdict(list)
-    for mail in ev.mails:
-        in_outbox[mail.message_id].append(mail)
-    for message_id, mails in in_outbox.items():
-        checks.check(len(mails) == 1, f"{message_id}: {len(mails)} outbox files")
+NOTICES = {
+    "approved": "executed",
+    "approved_with_edits": "executed",
+    "failed": "failed",
+    "rejected": "rejected",
+    "expired": "expired",
+    "undeliverable": "undeliverable",
+    "superseded": "superseded",
+}
+"""The requester's outcome notice for each outcome of a gated action (none when the run was cancelled)."""
+
+
+def check_emails(ev: Evidence, source: MailSource, checks: Checks, fake: FakeResend | None = None) -> None:
+    """One email per intent (approval requests, batches, outcome notices), each approver email recorded
+    once in the audit trail, a decision receipt only for a decision the audit trail holds; and at the
+    fake Resend, at most one accepted email per idempotency key."""
+    by_id = Counter(mail.provider_id for mail in ev.mails)
+    checks.check(all(n == 1 for n in by_id.values()), f"emails sharing a provider id: {by_id.most_common(3)}")
+
+    def one(key: str, what: str) -> None:
+        found = sum(by_id[i] for i in source.ids_for_key(key))
+        checks.check(found == 1, f"{what}: {found} emails for {key}")
+
+    outcome_of = {a["approval_id"]: a["outcome"] for r in ev.results.values() for a in r.get("actions", [])}
+    receipts: set[str] = set()
     for approval_id, record in ev.approvals.items():
         for slot in record["active_slots"]:
-            person = record["approvers"][slot]
             if len(record["batch"]) > 1:
-                key = f"approval-batch/{_first_asking(ev, record, person)}/r1/{person}"
+                first, first_slot = _first_asking(ev, record, record["approvers"][slot])
+                one(f"approval-batch/{first['approval_id']}/r1/s{first_slot}", approval_id)
             else:
-                key = f"approval-request/{approval_id}/r1/s{slot}"
-            checks.check(len(in_outbox.get(_message_id(key), [])) == 1, f"{approval_id}: no single email for {key}")
-    accepted = {
+                one(f"approval-request/{approval_id}/r1/s{slot}", approval_id)
+        if (notice := NOTICES.get(outcome_of.get(approval_id, ""))) is not None:
+            one(f"approval-outcome/{approval_id}/r{record['round']}/{notice}", approval_id)
+        for entry in _decided(ev.audit.get(approval_id, [])):
+            round_slot = entry["entry_id"].removeprefix("decided/")
+            receipts |= source.ids_for_key(f"approval-receipt/{approval_id}/{round_slot}")
+    for mail in ev.mails:
+        if mail.kind == "receipt":
+            checks.check(mail.provider_id in receipts, f"{mail.source_id}: a receipt for a decision never recorded")
+    audited = {
         e["details"]["provider_id"] for entries in ev.audit.values() for e in entries if e["kind"] == "email_accepted"
     }
-    checks.check(accepted == set(in_outbox), f"audit email ids {sorted(accepted)} != outbox {sorted(in_outbox)}")
+    approver_mails = {m.provider_id for m in ev.mails if m.kind in APPROVER_KINDS}
+    checks.check(audited == approver_mails, f"audited email ids {sorted(audited)} != sent {sorted(approver_mails)}")
+    if fake is not None:
+        keys = Counter(a.idempotency_key for a in fake.accepted)
+        checks.check(None not in keys, "the fake Resend accepted an email without an idempotency key")
+        checks.check(
+            all(n == 1 for n in keys.values()), f"keys accepted more than once: {[k for k, n in keys.items() if n > 1]}"
+        )
 
 
 def check_audit(ev: Evidence, checks: Checks) -> None:

@@ -8,21 +8,19 @@ ingress idempotency key turns into the same decision; every answer is recorded f
 
 from __future__ import annotations
 
-import email
-import email.policy
+import html
 import re
 import threading
 from dataclasses import dataclass, field
-from email.message import EmailMessage
-from pathlib import Path
 from typing import Any
 
 import httpx
-from support.approver import CSRF, LINK
-from support.processes import wait_until
+from support.approver import CSRF
+from support.processes import Ingress, wait_until
 
 PERSISTENCE = 120.0
 _BATCH_ITEM = re.compile(r'name="verdict\.(\d+)" value="approve"')
+_CONFIRM = re.compile(r'<code>([^<]*)</code></label>\s*<input id="confirm[^"]*" name="(confirm(?:\.\d+)?)"')
 
 
 @dataclass
@@ -37,6 +35,8 @@ class Click:
     batch: bool
     csrf: str | None = None
     items: list[int] = field(default_factory=list)
+    confirm: dict[str, str] = field(default_factory=dict)
+    """What a high-stakes page asks the approver to retype, by field name, as the page shows it."""
     status: int | None = None
     text: str = ""
     attempts: int = 0
@@ -50,32 +50,6 @@ class Cancel:
     receipt: dict[str, Any] | None = None
     attempts: int = 0
     error: str | None = None
-
-
-@dataclass(frozen=True)
-class Mail:
-    path: Path
-    kind: str
-    run_id: str
-    to: str
-    link: str | None
-    message_id: str
-
-
-def read_mail(path: Path) -> Mail:
-    message = email.message_from_bytes(path.read_bytes(), policy=email.policy.default)
-    assert isinstance(message, EmailMessage)
-    body = message.get_body(("plain",))
-    text = str(body.get_content()) if body is not None else ""
-    links = LINK.findall(text)
-    return Mail(
-        path=path,
-        kind=path.name.split("_", 1)[0].removeprefix("approval-"),
-        run_id=str(message["X-Countersign-Run-Id"]),
-        to=str(message["To"]),
-        link=str(links[0]) if links else None,
-        message_id=str(message["Message-ID"]),
-    )
 
 
 def _final(response: httpx.Response) -> bool:
@@ -94,9 +68,9 @@ def _attempt(call: Any, counter: list[int]) -> httpx.Response | None:
 class People:
     """Runs every person's action on its own thread; the fault runner only schedules them."""
 
-    def __init__(self, origin: str, ingress_url: str) -> None:
+    def __init__(self, origin: str, ingress: Ingress) -> None:
         self.origin = origin
-        self.ingress_url = ingress_url
+        self.ingress = ingress
         self.clicks: list[Click] = []
         self.cancels: list[Cancel] = []
         self._threads: list[threading.Thread] = []
@@ -136,6 +110,7 @@ class People:
             return
         click.csrf = found.group(1)
         click.items = [int(i) for i in _BATCH_ITEM.findall(page.text)] if click.batch else []
+        click.confirm = {name: html.unescape(value) for value, name in _CONFIRM.findall(page.text)}
         if click.batch and not click.items:
             click.status, click.text = page.status_code, "nothing left to decide: " + page.text[-300:]
             return
@@ -148,6 +123,8 @@ class People:
 
     def _press(self, click: Click, counter: list[int]) -> None:
         data = {"csrf": click.csrf or ""}
+        if click.verdict == "approve":
+            data |= click.confirm
         if click.batch:
             for index in click.items:
                 data[f"verdict.{index}"] = click.verdict
@@ -177,12 +154,10 @@ class People:
 
     def _cancel(self, record: Cancel) -> None:
         counter = [0]
-        url = f"{self.ingress_url}/AgentRun/{record.run_id}/cancel"
 
         def call() -> httpx.Response:
-            return httpx.post(
-                url, json={"reason": record.reason}, timeout=30, headers={"idempotency-key": record.reason}
-            )
+            body, key = {"reason": record.reason}, {"idempotency-key": record.reason}
+            return self.ingress.call("AgentRun", record.run_id, "cancel", body, headers=key)
 
         try:
             answer = wait_until(

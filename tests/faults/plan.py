@@ -14,8 +14,24 @@ from typing import Literal
 Verdict = Literal["approve", "reject", "leave"]
 VERDICTS: tuple[Verdict, ...] = ("approve", "reject", "leave")
 RunKind = Literal["refund", "small_refund", "delete", "batch"]
-FaultKind = Literal["kill -9 handler", "kill -9 restate-server", "kill -9 both"]
-FAULT_KINDS: tuple[FaultKind, ...] = ("kill -9 handler", "kill -9 restate-server", "kill -9 both")
+FaultKind = Literal[
+    "kill -9 handler",
+    "kill -9 restate-server",
+    "kill -9 both",
+    "resend 5xx",
+    "resend 429",
+    "resend refuses connections",
+    "resend drops the answer",
+]
+PROCESS_FAULTS: tuple[FaultKind, ...] = ("kill -9 handler", "kill -9 restate-server", "kill -9 both")
+PROVIDER_FAULTS: tuple[FaultKind, ...] = (
+    "resend 5xx",
+    "resend 429",
+    "resend refuses connections",
+    "resend drops the answer",
+)
+OUTAGE_SECONDS = 4.0
+"""How long the provider refuses connections in a 'resend refuses connections' fault."""
 
 DEADLINE_SECONDS = 10
 REMINDER_SECONDS = 4
@@ -36,6 +52,8 @@ OTHER_POINTS = (
     "crash-after-effect:lookup_order",
     "crash-after-effect:delete_customer",
     "crash-after-effect:email_customer",
+    "crash-after-send:receipt",
+    "crash-after-send:outcome",
 )
 
 POLICY_TOML = f"""
@@ -107,7 +125,8 @@ def _kinds(rng: random.Random, count: int) -> list[RunKind]:
     return kinds
 
 
-def draw(seed: int, runs: int) -> FaultPlan:
+def draw(seed: int, runs: int, *, provider: bool = False) -> FaultPlan:
+    """`provider`: the app sends through the fake Resend, so its outages are drawn too."""
     rng = random.Random(seed)
     window = max(3.0, runs * 0.5)
     plans = []
@@ -122,13 +141,10 @@ def draw(seed: int, runs: int) -> FaultPlan:
             round(rng.uniform(1, DEADLINE_SECONDS - 2), 2) if kind != "small_refund" and rng.random() < 0.1 else None
         )
         plans.append(RunPlan(f"s{seed}-{i}-{kind.replace('_', '-')}", kind, start, amount, follow_up, choices, cancel))
-    faults = [
-        Fault(
-            round(rng.uniform(1, window + DEADLINE_SECONDS), 2),
-            rng.choices(FAULT_KINDS, weights=[4, 3, 1])[0],
-        )
-        for _ in range(max(3, runs // 2))
-    ]
+    kinds = rng.choices(PROCESS_FAULTS, weights=[4, 3, 1], k=max(3, runs // 2))
+    if provider:  # every kind of provider outage at least once
+        kinds += [*PROVIDER_FAULTS, *rng.choices(PROVIDER_FAULTS, k=runs // 4)]
+    faults = [Fault(round(rng.uniform(1, window + DEADLINE_SECONDS), 2), kind) for kind in kinds]
     others = list(OTHER_POINTS)
     rng.shuffle(others)
     return FaultPlan(

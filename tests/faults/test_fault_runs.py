@@ -13,16 +13,20 @@ import shutil
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from fakes.resend_server import FakeResend
+from fakes.resend_stack import resend_env
 from support.business import new_order
 from support.processes import REPO, IsolatedStack, StackFactory, wait_until
 
-from faults.chaos import Chaos
+from faults.chaos import Chaos, Provider
 from faults.conftest import FaultOptions
 from faults.invariants import (
     Checks,
@@ -34,11 +38,15 @@ from faults.invariants import (
     check_liveness,
     gather,
 )
-from faults.people import Click, Mail, People, read_mail
+from faults.mail import MailSource, Outbox, ResendLog
+from faults.people import Click, People
 from faults.plan import FINANCE, OPS, POLICY_TOML, SECURITY, Choice, FaultPlan, RunPlan, draw
+from faults.switch import Switch
 from handlers.tools.business_db import connect, transaction
 
 ARTIFACTS = REPO / "test-artifacts" / "faults"
+MODES = ["outbox-http2", "resend-http1.1"]
+"""Where emails go and how Restate invokes the handler: each mode is one session per test run."""
 QUIET_TIMEOUT = 180.0
 """How long, after the last planned event, every run may take to finish (restarts included)."""
 
@@ -73,20 +81,23 @@ class Session:
 
     plan: FaultPlan
     stack: IsolatedStack
-    people: People
+    mail: MailSource
+    provider: Provider | None = None
     log: list[str] = field(default_factory=list)
     t0: float = field(default_factory=time.monotonic)
     runs: dict[str, RunPlan] = field(default_factory=dict)
     started: set[str] = field(default_factory=set)
-    seen: dict[Path, Mail] = field(default_factory=dict)
+    seen: set[str] = field(default_factory=set)
     presses: list[tuple[float, threading.Event]] = field(default_factory=list)
     faults_done: int = 0
     cancels_done: set[str] = field(default_factory=set)
     finished: set[str] = field(default_factory=set)
+    people: People = field(init=False)
     chaos: Chaos = field(init=False)
 
     def __post_init__(self) -> None:
-        self.chaos = Chaos(self.stack, self.plan.rotation, self.note)
+        self.people = People(self.stack.app.url, self.stack.ingress)
+        self.chaos = Chaos(self.stack, self.plan.rotation, self.note, self.provider)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -108,11 +119,10 @@ class Session:
         self.started.add(run.run_id)
         self.note(f"started {run.run_id}")
 
-    def read_outbox(self) -> None:
-        for path in sorted(self.stack.outbox_dir.glob("approval-*.eml")):
-            if path in self.seen:
-                continue
-            mail = self.seen[path] = read_mail(path)
+    def read_mail(self) -> None:
+        """Every new approval email is opened by its approver, who will press after thinking."""
+        for mail in self.mail.new(self.seen):
+            self.seen.add(mail.source_id)
             run = self.runs.get(mail.run_id)
             if mail.kind not in ("request", "batch") or run is None or mail.link is None:
                 continue
@@ -128,6 +138,7 @@ class Session:
     def step(self) -> None:
         """One pass of the driver: crashes, starts, faults, cancels, new emails, button presses."""
         self.chaos.notice_crash()
+        self.chaos.tick()
         now = self.now()
         for run in self.plan.runs:
             if run.run_id not in self.started and run.start_at <= now:
@@ -141,7 +152,7 @@ class Session:
             fault = self.plan.faults[self.faults_done]
             self.faults_done += 1
             self.chaos.inject(fault.kind)
-        self.read_outbox()
+        self.read_mail()
         for at, press in self.presses:
             if at <= self.now():
                 press.set()
@@ -188,6 +199,7 @@ class Session:
         approve = {FINANCE: Choice("approve", 0.5)}
         send = RunPlan(f"s{seed}-cover-send", "refund", self.now(), "600.00", None, approve)
         self.cover("crash-after-send", "crash-after-send:request", send)
+        self.chaos.calm()
         self.chaos.disarm()
         self.drive(self.now() + QUIET_TIMEOUT)
         self.people.join(60)
@@ -216,40 +228,62 @@ class Session:
 
     def verify(self, run_ids: list[str], folder: Path) -> tuple[Checks, Evidence]:
         folder.mkdir(parents=True, exist_ok=True)
-        evidence = gather(self.stack, run_ids, list(self.seen.values()), [FINANCE, OPS, SECURITY], folder)
+        evidence = gather(self.stack, run_ids, self.mail.all(), [FINANCE, OPS, SECURITY], folder)
         (folder / "evidence.json").write_text(json.dumps(asdict(evidence), indent=1, default=str))
         checks = Checks()
         check_liveness(evidence, run_ids, self.people.cancels, checks)
         check_decisions(evidence, self.people.clicks, self.people.cancels, checks)
         check_effects(evidence, checks)
-        check_emails(evidence, checks)
+        check_emails(evidence, self.mail, checks, self.provider.fake if self.provider else None)
         check_audit(evidence, checks)
         return checks, evidence
 
 
-@pytest.mark.slow
-def test_randomized_faults_lose_nothing_and_repeat_nothing(
-    isolated_stack: StackFactory, tmp_path: Path, fault_options: FaultOptions, fault_report: list[str]
-) -> None:
-    plan = draw(fault_options.seed, fault_options.runs)
+@contextmanager
+def session_for(mode: str, stacks: StackFactory, tmp_path: Path, plan: FaultPlan) -> Iterator[Session]:
+    """A private stack for the plan: sending to the outbox, or to the fake Resend behind a switch."""
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY_TOML)
-    app_env = {"APPROVALS_POLICY_FILE": str(policy), "COUNTERSIGN_FAULT": plan.rotation[0] or ""}
-    stack = isolated_stack(app_env=app_env)
-    session = Session(plan, stack, People(stack.app.url, stack.restate.ingress_url))
-    reproduce = f"pytest tests/faults --seed {plan.seed} --runs {len(plan.runs)}"
-    session.note(f"fault session seed={plan.seed} runs={len(plan.runs)}")
-    artifacts = ARTIFACTS / f"seed-{plan.seed}-runs-{len(plan.runs)}"
-    fault_report.append(f"fault session seed={plan.seed} runs={len(plan.runs)} (same plan again: {reproduce})")
-    try:
-        checks, evidence = session.verify(session.finish(), artifacts)
-    finally:
-        injected = dict(sorted(session.chaos.injected.items()))
-        fault_report.append(f"  faults injected ({sum(injected.values())}): {injected}")
-        fault_report.append(f"  session log, evidence and process logs: {artifacts}")
-        session.save(artifacts)
+    env = {"APPROVALS_POLICY_FILE": str(policy), "COUNTERSIGN_FAULT": plan.rotation[0] or ""}
+    http1 = mode.endswith("http1.1")
+    if not mode.startswith("resend"):
+        stack = stacks(app_env=env, http1=http1)
+        yield Session(plan, stack, Outbox(stack.outbox_dir))
+        return
+    with FakeResend.running() as fake:
+        host, port = fake.url.removeprefix("http://").split(":")
+        switch = Switch((host, int(port)))
+        switch.on()
+        try:
+            stack = stacks(app_env={**env, **resend_env(fake), "RESEND_API_URL": switch.url}, http1=http1)
+            yield Session(plan, stack, ResendLog(fake), Provider(fake, switch))
+        finally:
+            switch.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+def test_randomized_faults_lose_nothing_and_repeat_nothing(
+    mode: str, private_stacks: StackFactory, tmp_path: Path, fault_options: FaultOptions, fault_report: list[str]
+) -> None:
+    plan = draw(fault_options.seed, fault_options.runs, provider=mode.startswith("resend"))
+    reproduce = f"pytest tests/faults --seed {plan.seed} --runs {len(plan.runs)} -k {mode}"
+    artifacts = ARTIFACTS / f"seed-{plan.seed}-runs-{len(plan.runs)}-{mode}"
+    fault_report.append(f"fault session {mode}, seed={plan.seed} runs={len(plan.runs)} (same plan: {reproduce})")
+    with session_for(mode, private_stacks, tmp_path, plan) as session:
+        session.note(f"fault session {mode} seed={plan.seed} runs={len(plan.runs)}")
+        try:
+            checks, evidence = session.verify(session.finish(), artifacts)
+        finally:
+            injected = dict(sorted(session.chaos.injected.items()))
+            fault_report.append(f"  faults injected ({sum(injected.values())}): {injected}")
+            fault_report.append(f"  session log, evidence and process logs: {artifacts}")
+            session.save(artifacts)
     outcomes = Counter(f"{a['tool']}:{a['outcome']}" for r in evidence.results.values() for a in r.get("actions", []))
     fault_report.append(f"  invariants checked: {checks.count}, violated: {len(checks.failures)}")
     fault_report.append(f"  outcomes: {dict(sorted(outcomes.items()))}")
+    if session.provider is not None:
+        answers = Counter(r.status for r in session.provider.fake.requests)
+        fault_report.append(f"  fake Resend answers (status: count, -1 = dropped): {dict(sorted(answers.items()))}")
     assert not checks.failures, "\n".join([reproduce, *checks.failures, "--- session log ---", *session.log])
     assert session.chaos.fired("crash-after-effect") and session.chaos.fired("crash-after-send"), injected

@@ -547,8 +547,9 @@ class Ingress:
             response.status_code, headers=headers, content=self.codec.open(response.content), request=response.request
         )
 
-    def post_json(self, path: str, body: object) -> httpx.Response:
-        return self.client.post(path, content=self._sealed(body), headers={"content-type": "application/json"})
+    def post_json(self, path: str, body: object, headers: dict[str, str] | None = None) -> httpx.Response:
+        headers = {"content-type": "application/json", **(headers or {})}
+        return self.client.post(path, content=self._sealed(body), headers=headers)
 
     def __enter__(self) -> Ingress:
         return self
@@ -560,12 +561,14 @@ class Ingress:
         """Start AgentRun `run_id` without waiting (202 Accepted / PreviouslyAccepted)."""
         return self.post_json(f"/AgentRun/{run_id}/run/send", task)
 
-    def call(self, service: str, key: str | None, handler: str, body: object | None) -> httpx.Response:
-        """Call a handler and wait for its answer; `body` None sends no body."""
+    def call(
+        self, service: str, key: str | None, handler: str, body: object | None, headers: dict[str, str] | None = None
+    ) -> httpx.Response:
+        """Call a handler and wait for its answer; `body` None sends no body; `headers` e.g. an idempotency-key."""
         path = f"/{service}/{handler}" if key is None else f"/{service}/{key}/{handler}"
         if body is None:
-            return self._opened(self.client.post(path))
-        return self._opened(self.post_json(path, body))
+            return self._opened(self.client.post(path, headers=headers))
+        return self._opened(self.post_json(path, body, headers))
 
     def output(self, run_id: str) -> httpx.Response:
         """The run's output now; 470 while it has not completed."""
