@@ -13,7 +13,7 @@ import pytest
 from support.approver import ApprovalEmail, form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.cluster import Cluster, free_port_base
-from support.processes import AppServer, free_port, make_app_env, wait_until
+from support.processes import AppServer, free_port, make_app_env, opened, wait_until
 
 RUNS = 12
 
@@ -94,7 +94,7 @@ def test_a_node_dies_while_approvals_wait_and_every_run_completes_once(cluster: 
             for run_id, order in orders.items():
                 result = n3.get(f"/restate/workflow/AgentRun/{run_id}/attach")
                 assert result.status_code == 200, result.text
-                assert result.json()["actions"][0]["outcome"] == "approved"
+                assert opened(result, env)["actions"][0]["outcome"] == "approved"
                 assert refunds_for(db, run_id) == [(f"{run_id}/0", order, 82000)]
         assert len(list(outbox.glob("approval-request_node-loss-*.eml"))) == RUNS
         assert run_statuses(cluster, 3) == Counter({"completed": RUNS})
@@ -103,6 +103,6 @@ def test_a_node_dies_while_approvals_wait_and_every_run_completes_once(cluster: 
         with httpx.Client(base_url=cluster.ingress_url(1), timeout=60) as n1:
             for run_id in orders:
                 output = n1.get(f"/restate/workflow/AgentRun/{run_id}/output")
-                assert output.status_code == 200 and output.json()["status"] == "completed"
+                assert output.status_code == 200 and opened(output, env)["status"] == "completed"
     finally:
         app.stop()

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from support.approver import CSRF, ApprovalEmail, approval_emails
 from support.business import new_order
-from support.processes import RestateServer, StackFactory, port_is_free, wait_until
+from support.processes import RestateServer, StackFactory, opened, port_is_free, wait_until
 
 RUNS = 200
 WORKERS = 16
@@ -112,6 +112,6 @@ def test_200_paused_runs_need_no_handler_and_each_refund_happens_once(private_st
         lambda client, run_id: client.get(f"{restate.ingress_url}/restate/workflow/AgentRun/{run_id}/output"), orders
     )
     assert {r.status_code for r in outputs.values()} == {200}
-    assert {r.json()["actions"][0]["outcome"] for r in outputs.values()} == {"approved"}
+    assert {opened(r, app.env)["actions"][0]["outcome"] for r in outputs.values()} == {"approved"}
     assert refunds_by_key(stack.db_path, prefix) == {f"{run_id}/0": (1, orders[run_id], 51000) for run_id in orders}
     assert len(list(stack.outbox_dir.glob(f"approval-request_{prefix}*.eml"))) == RUNS

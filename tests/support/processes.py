@@ -650,3 +650,9 @@ class StackFactory(Protocol):
     def __call__(
         self, *, restate_env: dict[str, str] | None = None, app_env: dict[str, str] | None = None, http1: bool = False
     ) -> IsolatedStack: ...
+
+
+def opened(response: httpx.Response, env: dict[str, str]) -> Any:
+    """A run's answer read with plain httpx, opened with the app's journal keys when it sealed it."""
+    keys = env.get("COUNTERSIGN_JOURNAL_KEYS")
+    return json.loads(JournalCipher(parse_journal_keys(keys)).open(response.content) if keys else response.content)
