@@ -25,7 +25,6 @@ import argparse
 import concurrent.futures
 import functools
 import json
-import sys
 import tempfile
 import threading
 import time
@@ -34,12 +33,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-_TESTS = str(Path(__file__).resolve().parents[1] / "tests")
-if _TESTS not in sys.path:
-    sys.path.append(_TESTS)
-
-from support.business import new_order  # noqa: E402
-from support.processes import (  # noqa: E402
+from support.business import new_order
+from support.processes import (
     DEPLOYMENT_PROTOCOLS,
     Ingress,
     RestateServer,

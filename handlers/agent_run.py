@@ -48,6 +48,7 @@ from handlers.llm.base import (
     ToolResult,
     ToolSpec,
     Transcript,
+    bounded,
 )
 from handlers.llm.prompt import EMPTY_REPLY
 from handlers.redact import clean_failures, scrubbed
@@ -115,7 +116,7 @@ def _model_retries() -> RunOptions[Any]:
 def _model_turn(model_id: str, task: AgentTask, transcript: Transcript) -> AssistantTurn:
     """One model turn (the body of a journaled step): final refusals end the step, the rest retry."""
     try:
-        return load_model(model_id, task.script).next_turn(transcript, _tool_specs())
+        return bounded(load_model(model_id, task.script).next_turn(transcript, _tool_specs()))
     except (ProviderRefused, ModelUnavailable) as exc:
         raise TerminalError(str(exc), 400) from None
     except ProviderBusy as exc:

@@ -6,13 +6,20 @@ typo in a request is a clear 4xx, never a silently ignored setting.
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 EMAIL_PATTERN = r"^[^@\s<>\"']{1,64}@[A-Za-z0-9.-]{1,190}\.[A-Za-z]{2,24}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+MAX_TOOL_ARGS_BYTES = 64 * 1024
+"""The most one tool call's arguments may weigh as JSON (the demo tools' largest valid call is ~5 KB)."""
+
+
+def args_size(args: dict[str, Any]) -> int:
+    return len(json.dumps(args, ensure_ascii=False, separators=(",", ":")).encode())
 
 
 class Strict(BaseModel):
@@ -41,6 +48,13 @@ class ScriptStep(Strict):
     why: str = Field(default="", max_length=2000)
     if_rejected: ScriptStep | None = Field(default=None, description="proposed next if this call is rejected")
     also: list[ScriptStep] = Field(default_factory=list, max_length=10, description="proposed in the same turn")
+
+    @field_validator("args")
+    @classmethod
+    def _bounded(cls, args: dict[str, Any]) -> dict[str, Any]:
+        if (size := args_size(args)) > MAX_TOOL_ARGS_BYTES:
+            raise ValueError(f"the arguments are {size} bytes of JSON; at most {MAX_TOOL_ARGS_BYTES} are accepted")
+        return args
 
 
 class AgentTask(Strict):

@@ -45,37 +45,35 @@ class InboxView(BaseModel):
     pending: list[InboxItem] = Field(default_factory=list)
 
 
-class _Entries(BaseModel):
-    items: dict[str, InboxEntry] = Field(default_factory=dict)
-
-
 approval_inbox = restate.VirtualObject("ApprovalInbox", description="Pending approvals of one approver.")
-_KEY = "entries"
+_ENTRY = "entry:"
 
 
-@approval_inbox.handler(name="apply")
+# One state key per entry, read lazily: an event touches only its own entry, so its cost (and what it
+# journals) does not grow with the number of approvals waiting for the same person.
+@approval_inbox.handler(name="apply", enable_lazy_state=True)
 async def apply(ctx: ObjectContext, event: InboxEvent) -> None:
     """Apply one transition from a run. Idempotent: an older round never overwrites a newer one."""
-    entries = await ctx.get(_KEY, type_hint=_Entries) or _Entries()
-    current = entries.items.get(event.entry.approval_id)
+    key = _ENTRY + event.entry.approval_id
+    current = await ctx.get(key, type_hint=InboxEntry)
     if current is not None and current.round > event.entry.round:
         return
     if event.change == "remove":
-        entries.items.pop(event.entry.approval_id, None)
+        ctx.clear(key)
     elif event.change == "remind" and current is not None:
         current.reminders = max(current.reminders, event.entry.reminders)
+        ctx.set(key, current)
     else:
-        entries.items[event.entry.approval_id] = event.entry
-    ctx.set(_KEY, entries)
+        ctx.set(key, event.entry)
 
 
 @approval_inbox.handler(name="pending", kind="shared")
 async def pending(ctx: ObjectSharedContext) -> InboxView:
     """What waits for this approver, oldest first, with age and time left."""
-    entries = await ctx.get(_KEY, type_hint=_Entries) or _Entries()
+    entries = [await ctx.get(key, type_hint=InboxEntry) for key in await ctx.state_keys() if key.startswith(_ENTRY)]
     now = await ctx.time()
     items = [
         InboxItem(**e.model_dump(), age_seconds=round(now - e.requested_at, 1), left_seconds=round(e.deadline - now, 1))
-        for e in sorted(entries.items.values(), key=lambda e: e.requested_at)
+        for e in sorted((e for e in entries if e is not None), key=lambda e: e.requested_at)
     ]
     return InboxView(approver=ctx.key(), pending=items)

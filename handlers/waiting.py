@@ -100,12 +100,15 @@ class Waiter:
         return final
 
     async def settle(self, final: Verdict) -> Verdict:
-        """Close the slots still open with a copy of the deciding verdict, so late clicks see it."""
+        """Close the slots still open with a copy of the deciding verdict, so late clicks see it.
+        A person's verdict that raced in was accepted (they were told so): it is recorded and audited."""
         copy = final.model_copy(update={"kind": "close", "closes_as": state_of(final)})
         for late in await self._close(self.open_slots(), copy):
             self.record.votes.append(
                 Vote(slot=late.slot, round=late.round, kind=late.kind, by=late.by, at=late.at, reason=late.reason)
             )
+            if late.source == "human":
+                ledger.voted(self.book, self.record, late)
         self.book.save()
         return final
 

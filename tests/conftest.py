@@ -11,6 +11,7 @@ is seen by the other.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -18,6 +19,7 @@ from uuid import uuid4
 
 import pytest
 from support.processes import (
+    ALWAYS_REPLAY,
     DEPLOYMENT_PROTOCOLS,
     AppServer,
     Ingress,
@@ -56,6 +58,24 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="session")
 def deployment_protocol(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--always-replay",
+        action="store_true",
+        help="replay torture: every restate-server the tests start suspends at every await and replays "
+        "the journal on resume (inactivity timeout 0 s), which exposes non-deterministic handler code",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--always-replay"):
+        os.environ[ALWAYS_REPLAY] = "1"
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    return "replay torture: restate inactivity timeout 0s" if os.environ.get(ALWAYS_REPLAY) == "1" else None
 
 
 @pytest.fixture(scope="session")

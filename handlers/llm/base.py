@@ -11,6 +11,12 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
+from handlers.contract import MAX_TOOL_ARGS_BYTES, args_size
+
+MAX_TURN_BYTES = 1024 * 1024
+"""The most one journaled model turn may weigh: far above what MODEL_MAX_TOKENS lets a provider say,
+far below the 32 MiB message limit past which Restate refuses the journal entry and retries forever."""
+
 
 class ToolCall(BaseModel):
     id: str
@@ -85,6 +91,26 @@ class ProviderRefused(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+def bounded(turn: AssistantTurn) -> AssistantTurn:
+    """The turn as the run may journal it: a call with oversized arguments keeps only a `problem` the
+    model is told about; a reply still over MAX_TURN_BYTES is refused as final."""
+    calls = [
+        ToolCall(
+            id=call.id,
+            name=call.name,
+            why=call.why,
+            problem=f"the arguments are {size} bytes of JSON; at most {MAX_TOOL_ARGS_BYTES} are accepted",
+        )
+        if (size := args_size(call.args)) > MAX_TOOL_ARGS_BYTES
+        else call
+        for call in turn.tool_calls
+    ]
+    turn = turn.model_copy(update={"tool_calls": calls})
+    if (size := len(turn.model_dump_json().encode())) > MAX_TURN_BYTES:
+        raise ProviderRefused(f"the model's reply is {size / 2**20:.1f} MiB; one turn may hold at most 1 MiB")
+    return turn
 
 
 class ChatModel(Protocol):

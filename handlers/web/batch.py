@@ -2,7 +2,8 @@
 
 Guarantee: an item is decided only through `AgentRun.decide` with a link token for that item and
 this approver (minted here, verified again by the workflow); items left undecided stay pending, so
-partial approval works; GET changes nothing.
+partial approval works; GET changes nothing. When no item was accepted and one call failed in a way
+that may have reached the workflow (5xx), the answer is 503 "not confirmed", never "not decided".
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from starlette.responses import Response
 from handlers import confirm, links
 from handlers.contract import ApprovalRecord, Decision, DecisionReceipt, RunStatus
 from handlers.settings import Settings
+from handlers.web import wording
 from handlers.web.runs_client import RunCallFailed, RunsClient
 from handlers.web.views import notice, page, remaining, when
 
@@ -74,6 +76,7 @@ async def decide_items(
     if not chosen:
         return notice(400, "Nothing chosen", "Choose Approve or Reject for at least one action. Nothing was decided.")
     outcomes: list[tuple[ApprovalRecord, DecisionReceipt | None, str]] = []
+    unconfirmed = False
     for item, slot, verdict, reason in chosen:
         item_token = links.mint(item, slot, settings.approvals_signing_keys, settings.signing_kid)
         typed = str(form.get(f"confirm.{item.index}", ""))[:200]
@@ -82,6 +85,10 @@ async def decide_items(
         try:
             outcomes.append((item, await runs.decide(item.run_id, decision, key), ""))
         except RunCallFailed as exc:
-            outcomes.append((item, None, exc.message))
+            # A 5xx may come after the decision was recorded (the answer was lost): claim neither.
+            unconfirmed = unconfirmed or exc.status >= 500
+            outcomes.append((item, None, f"{'not confirmed' if exc.status >= 500 else 'not decided'} — {exc.message}"))
     accepted = any(receipt and receipt.accepted for _, receipt, _ in outcomes)
-    return page("batch_done.html", 200 if accepted else 409, outcomes=outcomes, when=when)
+    code = 200 if accepted else 503 if unconfirmed else 409
+    hint = wording.UNCONFIRMED_HINT if unconfirmed else None
+    return page("batch_done.html", code, outcomes=outcomes, when=when, hint=hint)

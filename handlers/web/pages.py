@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -212,7 +212,13 @@ class ApprovalPages:
         length = request.headers.get("content-length", "0")
         if not length.isdigit() or int(length) > _MAX_FORM_BYTES:
             return None
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > _MAX_FORM_BYTES:  # a body sent without its length (chunked) stops here too
+                return None
         try:
-            return await request.form(max_files=0, max_fields=_MAX_FORM_FIELDS)
-        except Exception:  # malformed bodies of every kind are the client's problem, not ours
+            fields = parse_qsl(body.decode(), keep_blank_values=True, errors="strict", max_num_fields=_MAX_FORM_FIELDS)
+        except ValueError:  # invalid UTF-8 (raw or percent-encoded), or too many fields
             return None
+        return FormData([(name, value) for name, value in fields])

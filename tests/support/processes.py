@@ -46,6 +46,7 @@ PORT_RELEASE_TIMEOUT = 15.0
 LOG_TAIL_LINES = 40
 DEPLOYMENT_PROTOCOLS = {"http2": False, "http1.1": True}
 """Test id -> whether a deployment is registered with `use_http_11` (request/response) or not (bidi)."""
+ALWAYS_REPLAY = "ALWAYS_REPLAY"
 
 T = TypeVar("T")
 
@@ -249,6 +250,12 @@ def _port_of(bind_address: str) -> int:
     return int(bind_address.rsplit(":", 1)[1])
 
 
+def inactivity_timeout() -> str:
+    """2 s normally; 0 s under replay torture (`ALWAYS_REPLAY=1`, set by `pytest --always-replay`),
+    where every await suspends the invocation and every resume replays its journal from the start."""
+    return "0s" if os.environ.get(ALWAYS_REPLAY) == "1" else "2s"
+
+
 def _sql_literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -293,7 +300,7 @@ class RestateServer:
             "RESTATE_DISABLE_TELEMETRY": "true",
             "RESTATE_LOG_DISABLE_ANSI_CODES": "true",
             "RESTATE_SHUTDOWN_TIMEOUT": "5s",
-            "RESTATE_WORKER__INVOKER__INACTIVITY_TIMEOUT": "2s",
+            "RESTATE_WORKER__INVOKER__INACTIVITY_TIMEOUT": inactivity_timeout(),
             **(extra_env or {}),
         }
         log_path = base_dir / "restate-server.log"
@@ -540,8 +547,9 @@ class Ingress:
             response.status_code, headers=headers, content=self.codec.open(response.content), request=response.request
         )
 
-    def post_json(self, path: str, body: object) -> httpx.Response:
-        return self.client.post(path, content=self._sealed(body), headers={"content-type": "application/json"})
+    def post_json(self, path: str, body: object, headers: dict[str, str] | None = None) -> httpx.Response:
+        headers = {"content-type": "application/json", **(headers or {})}
+        return self.client.post(path, content=self._sealed(body), headers=headers)
 
     def __enter__(self) -> Ingress:
         return self
@@ -553,12 +561,14 @@ class Ingress:
         """Start AgentRun `run_id` without waiting (202 Accepted / PreviouslyAccepted)."""
         return self.post_json(f"/AgentRun/{run_id}/run/send", task)
 
-    def call(self, service: str, key: str | None, handler: str, body: object | None) -> httpx.Response:
-        """Call a handler and wait for its answer; `body` None sends no body."""
+    def call(
+        self, service: str, key: str | None, handler: str, body: object | None, headers: dict[str, str] | None = None
+    ) -> httpx.Response:
+        """Call a handler and wait for its answer; `body` None sends no body; `headers` e.g. an idempotency-key."""
         path = f"/{service}/{handler}" if key is None else f"/{service}/{key}/{handler}"
         if body is None:
-            return self._opened(self.client.post(path))
-        return self._opened(self.post_json(path, body))
+            return self._opened(self.client.post(path, headers=headers))
+        return self._opened(self.post_json(path, body, headers))
 
     def output(self, run_id: str) -> httpx.Response:
         """The run's output now; 470 while it has not completed."""

@@ -1,0 +1,162 @@
+"""Latency of the approval path, one run at a time: start -> notification handed over, approver's
+POST -> action done and recorded, and the same POST after long journals (resume after N model turns).
+
+Guarantee: the two systems are measured in alternating blocks of the same size, so load from other
+processes on the machine hits both alike; CPU is accounted per block (the approver's page view before
+the timed POST is outside both the timing and the CPU figures); every run is checked to have
+completed with its action executed before its sample counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+from bench.driver import Driver, progress
+from bench.probes import CpuAccount
+from bench.stats import latency_summary, ratio
+from bench.subjects import Approval, Subject, now
+
+
+def _blocks(items: list[str], size: int) -> Iterator[list[str]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+async def _notify_one(d: Driver, subject: Subject, run_id: str, turns: int) -> float:
+    task = subject.waiting_task(run_id, turns)
+    t0 = now()
+    await d.send(subject, run_id, task)
+    return (await subject.watcher.wait(run_id, d.plan.timeout) - t0) * 1000
+
+
+async def _approve_one(d: Driver, subject: Subject, run_id: str, approval: Approval) -> tuple[float, float, float]:
+    """(POST -> run completed, POST -> action ran, POST -> page answered), in ms."""
+    t0 = now()
+    attach = asyncio.create_task(d.attach(subject, run_id))
+    await asyncio.sleep(0)  # let the attach request go out first
+    await subject.decide(approval)
+    answered = now()
+    output = await attach
+    done = now()
+    acted = subject.check_done(run_id, output)
+    return (done - t0) * 1000, (acted - t0) * 1000, (answered - t0) * 1000
+
+
+async def approve_samples(
+    d: Driver, ids: dict[str, list[str]], accounts: dict[str, CpuAccount]
+) -> dict[str, list[tuple[float, float, float]]]:
+    """Approve every run, alternating blocks of the two systems; the page view is done before each block."""
+    samples: dict[str, list[tuple[float, float, float]]] = {s.name: [] for s in d.subjects}
+    blocks = {s.name: list(_blocks(ids[s.name], d.plan.block)) for s in d.subjects}
+    for i in range(max(len(b) for b in blocks.values())):
+        for subject in d.subjects:
+            if i >= len(blocks[subject.name]):
+                continue
+            prepared = [await subject.prepare(run_id) for run_id in blocks[subject.name][i]]
+            with accounts[subject.name].block():
+                for approval in prepared:
+                    samples[subject.name].append(await _approve_one(d, subject, approval.run_id, approval))
+    return samples
+
+
+async def warm_up(d: Driver) -> None:
+    for subject in d.subjects:
+        for run_id in d.run_ids(subject, "warm", d.plan.warmup):
+            await _notify_one(d, subject, run_id, 1)
+            await _approve_one(d, subject, run_id, await subject.prepare(run_id))
+
+
+async def approval_path(d: Driver) -> dict[str, Any]:
+    """Metrics `start_to_email` and `approve_to_done`."""
+    n = d.plan.latency_samples
+    ids = {s.name: d.run_ids(s, "lat", n) for s in d.subjects}
+    d.countersign.new_orders(ids["countersign"])
+    notify_cpu = {s.name: d.cpu(s) for s in d.subjects}
+    notify: dict[str, list[float]] = {s.name: [] for s in d.subjects}
+    blocks = {s.name: list(_blocks(ids[s.name], d.plan.block)) for s in d.subjects}
+    progress(f"start -> email: {n} runs per system, sequential, blocks of {d.plan.block}")
+    for i in range(len(blocks["floor"])):
+        for subject in d.subjects:
+            with notify_cpu[subject.name].block():
+                for run_id in blocks[subject.name][i]:
+                    notify[subject.name].append(await _notify_one(d, subject, run_id, 1))
+
+    progress("waiting for every run to suspend, then approving one at a time")
+    for subject in d.subjects:
+        await d.wait_suspended(subject, ids[subject.name])
+    approve_cpu = {s.name: d.cpu(s) for s in d.subjects}
+    approved = await approve_samples(d, ids, approve_cpu)
+
+    email_metric: dict[str, Any] = {}
+    done_metric: dict[str, Any] = {}
+    for subject in d.subjects:
+        name = subject.name
+        email_metric[name] = {**latency_summary(notify[name]), "cpu_ms_per_op": notify_cpu[name].ms_per_op(n)}
+        done, acted, answered = zip(*approved[name], strict=True)
+        done_metric[name] = {
+            **latency_summary(done),
+            "cpu_ms_per_op": approve_cpu[name].ms_per_op(n),
+            "to_action": latency_summary(acted),
+            "post_answered": latency_summary(answered),
+        }
+    for metric, limit in ((email_metric, 2.0), (done_metric, 2.0)):
+        metric["ratio_p50"] = ratio(metric["countersign"]["p50"], metric["floor"]["p50"])
+        metric["target"] = f"countersign p50 <= {limit:g}x floor p50"
+        metric["met"] = metric["ratio_p50"] <= limit
+    email_metric["how"] = (
+        "client clock before POST /<service>/<id>/run/send -> mtime of the notification file written inside the "
+        "journaled mail step (Countersign: the outbox .eml; floor: a marker written the same way). Countersign "
+        "runs a one-step script whose refund is gated."
+    )
+    done_metric["how"] = (
+        "client clock before the approver's POST (Countersign: the approval page's form, after an untimed page "
+        "view; floor: POST /BenchFloor/<id>/decide) -> the attach call returns the run's output; every run was "
+        "suspended before. to_action: -> the action's own timestamp (refund row created_at / journaled time)."
+    )
+    return {"start_to_email": email_metric, "approve_to_done": done_metric}
+
+
+async def resume_after_turns(d: Driver) -> dict[str, Any]:
+    """Metric `resume_after_turns`: approver POST -> done, after N model turns of journal."""
+    result: dict[str, Any] = {}
+    n = d.plan.resume_samples
+    ids = {turns: {s.name: d.run_ids(s, f"res{turns}", n) for s in d.subjects} for turns in d.plan.resume_turns}
+    progress(f"resume after {', '.join(map(str, d.plan.resume_turns))} turns: {n} runs each per system")
+    for turns, by_system in ids.items():
+        d.countersign.new_orders(by_system["countersign"])
+        for subject in d.subjects:
+            tasks = {run_id: subject.waiting_task(run_id, turns) for run_id in by_system[subject.name]}
+            await d.start_all(subject, tasks)
+    for subject in d.subjects:
+        everyone = [run_id for by_system in ids.values() for run_id in by_system[subject.name]]
+        await d.wait_notified(subject, everyone)
+        await d.wait_suspended(subject, everyone)
+    for turns, by_system in ids.items():
+        cpu = {s.name: d.cpu(s) for s in d.subjects}
+        approved = await approve_samples(d, by_system, cpu)
+        for subject in d.subjects:
+            done = [sample[0] for sample in approved[subject.name]]
+            entry = {**latency_summary(done), "cpu_ms_per_op": cpu[subject.name].ms_per_op(n)}
+            result.setdefault(subject.name, {})[str(turns)] = entry
+    low, high = str(min(d.plan.resume_turns)), str(max(d.plan.resume_turns))
+    metric: dict[str, Any] = {
+        **result,
+        "turns": list(d.plan.resume_turns),
+        "floor_steps_per_turn": d.floor.steps_per_turn,
+        "ratio_p50": ratio(result["countersign"][high]["p50"], result["countersign"][low]["p50"]),
+        "floor_ratio_p50": ratio(result["floor"][high]["p50"], result["floor"][low]["p50"]),
+        "target": f"countersign p50 after {high} turns <= 3x p50 after {low} turns",
+        "how": (
+            "runs of N-1 autonomous look-ups then a gated refund (N model turns before the approval); the floor "
+            "journals (N-1) x floor_steps_per_turn bare steps first. Approver POST -> output, all runs suspended."
+        ),
+    }
+    metric["met"] = metric["ratio_p50"] <= 3.0
+    slope = (result["countersign"][high]["p50"] - result["countersign"][low]["p50"]) / (int(high) - int(low))
+    metric["ms_per_turn_of_journal"] = round(max(slope, 0.0), 3)
+    if int(high) < 100:
+        projected = result["countersign"][low]["p50"] + slope * (100 - int(low))
+        metric["projected_ratio_p50_at_100"] = round(max(projected, 0.0) / result["countersign"][low]["p50"], 3)
+    return {"resume_after_turns": metric}

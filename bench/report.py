@@ -1,0 +1,243 @@
+"""Presenting a bench run: a table on stdout, `results.json`, `report.md` and `latency.png`.
+
+Guarantee: the JSON holds every figure the table and chart show (plus raw samples), and each metric's
+`headline` numbers are the ones the table prints; the chart is drawn headless (Agg) from the JSON alone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: chosen before pyplot is imported
+import matplotlib.pyplot as plt
+import numpy as np
+
+SYSTEMS = ("floor", "countersign")
+COLORS = {"floor": "#7f7f7f", "countersign": "#1f77b4"}
+
+
+def headlines(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """metric -> {label, unit, floor, countersign, ratio, target, met}: the one line each metric is judged by."""
+    rows: dict[str, dict[str, Any]] = {}
+    for name in ("start_to_email", "approve_to_done"):
+        if name in metrics:
+            m = metrics[name]
+            rows[name] = {
+                "unit": "ms p50/p90/p99",
+                "floor": [m["floor"][k] for k in ("p50", "p90", "p99")],
+                "countersign": [m["countersign"][k] for k in ("p50", "p90", "p99")],
+                "ratio": m["ratio_p50"],
+            }
+    if "step_overhead" in metrics:
+        m = metrics["step_overhead"]
+        rows["step_overhead"] = {
+            "unit": "ms per journaled step (slope of p50)",
+            "floor": m["floor"]["slope_ms_per_step"],
+            "countersign": m["countersign"]["slope_ms_per_journaled_step"],
+            "ratio": m["ratio"],
+        }
+    if "start_to_paused_throughput" in metrics:
+        m = metrics["start_to_paused_throughput"]
+        rows["start_to_paused_throughput"] = {
+            "unit": "runs/s",
+            "floor": m["floor"]["per_second"],
+            "countersign": m["countersign"]["per_second"],
+            "ratio": m["ratio"],
+        }
+    if "paused_cost" in metrics:
+        m = metrics["paused_cost"]
+        rows["paused_cost"] = {
+            "unit": "bytes per paused run: du of the data dir / Restate's journal+state count",
+            "floor": [m["floor"]["disk_bytes_per_run"], m["floor"]["restate_bytes_per_run"]],
+            "countersign": [m["countersign"]["disk_bytes_per_run"], m["countersign"]["restate_bytes_per_run"]],
+            "ratio": m["ratio_restate_bytes"],
+        }
+    if "crash_recovery" in metrics:
+        m = metrics["crash_recovery"]
+        rows["crash_recovery"] = {
+            "unit": "s from healthy restart to the last run done",
+            "floor": m["floor"]["crashed"]["drain_after_restart_s"],
+            "countersign": m["countersign"]["crashed"]["drain_after_restart_s"],
+            "ratio": None,
+        }
+    if "resume_after_turns" in metrics:
+        m = metrics["resume_after_turns"]
+        low, high = (str(t) for t in (min(m["turns"]), max(m["turns"])))
+        rows["resume_after_turns"] = {
+            "unit": f"ms p50 after {low} / {high} turns",
+            "floor": [m["floor"][low]["p50"], m["floor"][high]["p50"]],
+            "countersign": [m["countersign"][low]["p50"], m["countersign"][high]["p50"]],
+            "ratio": m["ratio_p50"],
+        }
+    for name, row in rows.items():
+        row["target"] = metrics[name]["target"]
+        row["met"] = bool(metrics[name]["met"])
+    return rows
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, list):
+        return " / ".join(_fmt(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return "-" if value is None else str(value)
+
+
+def table(metrics: dict[str, Any]) -> str:
+    lines = [
+        "| metric | unit | floor | countersign | ratio | target | met |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, row in headlines(metrics).items():
+        lines.append(
+            f"| {name} | {row['unit']} | {_fmt(row['floor'])} | {_fmt(row['countersign'])} | {_fmt(row['ratio'])} "
+            f"| {row['target']} | {'yes' if row['met'] else 'NO'} |"
+        )
+    lines += ["", "| CPU ms per operation | process | floor | countersign |", "|---|---|---|---|"]
+    for name, m in metrics.items():
+        for op, floor_cpu, cs_cpu in _cpu_rows(name, m):
+            for proc in ("restate", "app"):
+                lines.append(f"| {op} | {proc} | {_fmt(floor_cpu[proc])} | {_fmt(cs_cpu[proc])} |")
+    return "\n".join(lines)
+
+
+def _cpu_rows(name: str, m: dict[str, Any]) -> list[tuple[str, dict[str, float], dict[str, float]]]:
+    if name in ("start_to_email", "approve_to_done", "start_to_paused_throughput"):
+        return [(name, m["floor"]["cpu_ms_per_op"], m["countersign"]["cpu_ms_per_op"])]
+    if name == "step_overhead":
+        return [
+            (
+                f"{name} (per step; countersign per journaled step)",
+                m["floor"]["cpu_ms_per_step"],
+                m["countersign"]["cpu_ms_per_journaled_step"],
+            )
+        ]
+    if name == "resume_after_turns":
+        return [
+            (f"{name} ({t} turns)", m["floor"][str(t)]["cpu_ms_per_op"], m["countersign"][str(t)]["cpu_ms_per_op"])
+            for t in m["turns"]
+        ]
+    return []
+
+
+def write(out: Path, meta: dict[str, Any], metrics: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    document = {"meta": meta, "headline": headlines(metrics), "metrics": metrics}
+    (out / "results.json").write_text(json.dumps(document, indent=1, sort_keys=False) + "\n")
+    (out / "report.md").write_text(
+        f"# Bench run ({meta['mode']}, {meta['started']}, commit {meta['commit']})\n\n{table(metrics)}\n"
+    )
+    chart(metrics, out / "latency.png", title=f"Countersign vs bare Restate floor ({meta['mode']}, {meta['started']})")
+
+
+def _ecdf(ax: Any, metric: dict[str, Any], title: str) -> None:
+    for system in SYSTEMS:
+        data = np.sort(np.asarray(metric[system]["samples"]))
+        ax.step(
+            data,
+            np.arange(1, len(data) + 1) / len(data),
+            where="post",
+            color=COLORS[system],
+            label=f"{system} p50 {metric[system]['p50']:.1f} ms",
+        )
+    ax.set_title(f"{title}\n(ratio of p50 {metric['ratio_p50']:.2f}x)")
+    ax.set_xlabel("ms")
+    ax.set_ylabel("fraction of runs")
+    ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)
+
+
+def chart(metrics: dict[str, Any], path: Path, title: str) -> None:
+    fig, axes = plt.subplots(2, 3, figsize=(18, 10))
+    panels = iter(axes.flat)
+    if "start_to_email" in metrics:
+        _ecdf(next(panels), metrics["start_to_email"], "start -> approval email handed to the mailer")
+    if "approve_to_done" in metrics:
+        _ecdf(next(panels), metrics["approve_to_done"], "approver POST -> action done and recorded")
+    if "resume_after_turns" in metrics:
+        m = metrics["resume_after_turns"]
+        ax = next(panels)
+        data, labels, colors = [], [], []
+        for turns in m["turns"]:
+            for system in SYSTEMS:
+                data.append(m[system][str(turns)]["samples"])
+                labels.append(f"{system}\n{turns} turns")
+                colors.append(COLORS[system])
+        box = ax.boxplot(data, tick_labels=labels, patch_artist=True, showfliers=True)
+        for patch, color in zip(box["boxes"], colors, strict=True):
+            patch.set_facecolor(color)
+            patch.set_alpha(0.5)
+        ax.set_title(f"resume (POST -> done) after N model turns\n(countersign ratio {m['ratio_p50']:.2f}x)")
+        ax.set_ylabel("ms")
+        ax.grid(alpha=0.3)
+    if "step_overhead" in metrics:
+        m = metrics["step_overhead"]
+        ax = next(panels)
+        for system in SYSTEMS:
+            pts = m[system]["points"]
+            xs = [p["steps"] for p in pts]
+            ax.errorbar(
+                xs,
+                [p["p50"] for p in pts],
+                yerr=[[0] * len(pts), [p["p90"] - p["p50"] for p in pts]],
+                marker="o",
+                color=COLORS[system],
+                capsize=3,
+                label=f"{system}: {m[system]['slope_ms_per_step']:.2f} ms/step",
+            )
+        ax.set_title(f"run latency vs steps (p50, bar to p90)\n(per journaled step: {m['ratio']:.2f}x floor)")
+        ax.set_xlabel("steps (countersign: scripted tool calls)")
+        ax.set_ylabel("ms")
+        ax.legend()
+        ax.grid(alpha=0.3)
+    if "start_to_paused_throughput" in metrics:
+        m = metrics["start_to_paused_throughput"]
+        ax = next(panels)
+        ax.bar(list(SYSTEMS), [m[s]["per_second"] for s in SYSTEMS], color=[COLORS[s] for s in SYSTEMS])
+        for i, s in enumerate(SYSTEMS):
+            cpu = m[s]["cpu_ms_per_op"]
+            ax.annotate(
+                f"{m[s]['per_second']:.0f}/s\nCPU/run: restate {cpu['restate']:.1f} ms,\napp {cpu['app']:.1f} ms",
+                (i, m[s]["per_second"]),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+        ax.set_title(f"start -> paused, concurrency 16\n(countersign {m['ratio']:.0%} of floor)")
+        ax.set_ylabel("runs/s")
+        ax.margins(y=0.3)
+    if "paused_cost" in metrics:
+        m = metrics["paused_cost"]
+        ax = next(panels)
+        for system in SYSTEMS:
+            pts = m[system]["points"]
+            ax.plot(
+                [p["paused"] for p in pts],
+                [p["rss_app"] / 2**20 for p in pts],
+                marker="o",
+                color=COLORS[system],
+                label=f"{system} handler RSS ({m[system]['disk_bytes_per_run']:.0f} B/run disk)",
+            )
+        restate = m["countersign"]["points"]
+        ax.plot(
+            [p["paused"] for p in restate],
+            [p["rss_restate"] / 2**20 for p in restate],
+            marker="s",
+            color="#d62728",
+            label="restate-server RSS",
+        )
+        ax.set_title("memory while runs are paused")
+        ax.set_xlabel("paused runs of the system")
+        ax.set_ylabel("MiB")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in panels:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

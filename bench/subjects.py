@@ -1,0 +1,220 @@
+"""The two systems measured side by side, behind one interface: Countersign and the bare floor.
+
+Guarantee: both are driven only through their public surfaces (the Restate ingress, the approval
+page, the outbox and the business database for Countersign; the ingress and marker files for the
+floor), and every run is checked to have ended the way the scenario meant before its figure counts.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import itertools
+import sqlite3
+import time
+from dataclasses import dataclass
+from email.message import EmailMessage
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import httpx
+from support.approver import CSRF, ApprovalEmail
+from support.processes import AppServer
+
+from bench.floor import SERVICE as FLOOR_SERVICE
+from bench.watch import MarkerWatcher, approval_email_run, floor_marker_run
+from handlers.tools.business_db import connect, transaction
+
+REQUESTER = "bench@example.com"
+GATED_AMOUNT = "800.00"
+AUTONOMOUS_AMOUNT = "100.00"
+ORDER_CENTS = 1_000_000
+
+
+class BenchError(RuntimeError):
+    """A run did not behave as the scenario meant; its figure would be meaningless."""
+
+
+@dataclass
+class Approval:
+    """What an approver needs in hand before the timed POST (read from the email and the page)."""
+
+    run_id: str
+    link: str = ""
+    csrf: str = ""
+
+
+class Subject(Protocol):
+    name: str
+    service: str
+    app: AppServer
+    watcher: MarkerWatcher
+
+    def waiting_task(self, run_id: str, turns: int) -> dict[str, Any]:
+        """A run that does `turns` units of work, then notifies an approver and waits."""
+        ...
+
+    def steps_task(self, run_id: str, steps: int) -> dict[str, Any]:
+        """A run that does `steps` units of work and finishes."""
+        ...
+
+    async def prepare(self, run_id: str) -> Approval: ...
+
+    async def decide(self, approval: Approval) -> None:
+        """The approver's one timed action."""
+        ...
+
+    def check_done(self, run_id: str, output: dict[str, Any]) -> float:
+        """Raise unless the run ended as approved and acted; return when the action ran (epoch s)."""
+        ...
+
+
+class Countersign:
+    name = "countersign"
+    service = "AgentRun"
+
+    def __init__(self, app: AppServer, outbox: Path, db_path: Path, client: httpx.AsyncClient) -> None:
+        self.app = app
+        self.watcher = MarkerWatcher(outbox, approval_email_run)
+        self.db_path = db_path
+        self.client = client
+        self.origin = "{0.scheme}://{0.netloc}".format(urlsplit(app.url))
+        self._orders: dict[str, int] = {}
+        self._gated_index: dict[str, int] = {}
+        self._next_order = itertools.count(10_000_000)
+
+    def new_orders(self, run_ids: list[str]) -> None:
+        """Give each run a fresh paid order (one transaction), so every refund has its own balance."""
+        rows = [(next(self._next_order), run_id) for run_id in run_ids]
+        with connect(self.db_path) as db, transaction(db):
+            db.executemany(
+                "INSERT INTO orders(id, customer_id, amount_cents, status) VALUES (?, 'c_17', ?, 'paid')",
+                [(order, ORDER_CENTS) for order, _ in rows],
+            )
+        self._orders.update({run_id: order for order, run_id in rows})
+
+    def _order(self, run_id: str) -> int:
+        if run_id not in self._orders:
+            self.new_orders([run_id])
+        return self._orders[run_id]
+
+    def waiting_task(self, run_id: str, turns: int) -> dict[str, Any]:
+        """`turns` model turns: `turns - 1` autonomous look-ups, then a refund the policy gates."""
+        order = self._order(run_id)
+        script: list[dict[str, Any]] = [{"tool": "lookup_order", "args": {"order_id": order}}] * (turns - 1)
+        script.append(
+            {
+                "tool": "issue_refund",
+                "args": {"order_id": order, "amount_usd": GATED_AMOUNT, "reason": "bench"},
+                "why": "Benchmark refund.",
+            }
+        )
+        self._gated_index[run_id] = turns - 1
+        return {"goal": f"Refund order {order} for ${GATED_AMOUNT}", "requester": REQUESTER, "script": script}
+
+    def demo_task(self, run_id: str) -> dict[str, Any]:
+        """The README's demo run: the scripted model plans a look-up, then a gated refund."""
+        order = self._order(run_id)
+        self._gated_index[run_id] = 1
+        return {"goal": f"Refund order {order} for ${GATED_AMOUNT}", "requester": REQUESTER}
+
+    def steps_task(self, run_id: str, steps: int) -> dict[str, Any]:
+        script = [{"tool": "lookup_order", "args": {"order_id": 1042}}] * steps
+        return {"goal": "Look up order 1042", "requester": REQUESTER, "script": script}
+
+    def refund_steps_task(self, run_id: str, before: int, after: int) -> dict[str, Any]:
+        """Autonomous work around one autonomous refund (under the $500 gate): a real effect mid-run."""
+        order = self._order(run_id)
+        lookup = {"tool": "lookup_order", "args": {"order_id": order}}
+        refund_args = {"order_id": order, "amount_usd": AUTONOMOUS_AMOUNT, "reason": "bench"}
+        refund = {"tool": "issue_refund", "args": refund_args}
+        return {
+            "goal": "Refund a little",
+            "requester": REQUESTER,
+            "script": [lookup] * before + [refund] + [lookup] * after,
+        }
+
+    async def prepare(self, run_id: str) -> Approval:
+        path = self.watcher.paths[run_id]
+        message = email.message_from_bytes(path.read_bytes(), policy=email.policy.default)
+        assert isinstance(message, EmailMessage)
+        link = ApprovalEmail(path, message).link
+        page = await self.client.get(link)
+        match = CSRF.search(page.text)
+        if page.status_code != 200 or match is None:
+            raise BenchError(f"approval page for {run_id} answered {page.status_code} without a form")
+        return Approval(run_id, link, match.group(1))
+
+    async def decide(self, approval: Approval) -> None:
+        response = await self.client.post(
+            approval.link,
+            data={"csrf": approval.csrf, "verdict": "approve", "reason": ""},
+            headers={"Origin": self.origin},
+        )
+        if response.status_code != 200:
+            raise BenchError(f"approving {approval.run_id} answered {response.status_code}")
+
+    def check_done(self, run_id: str, output: dict[str, Any]) -> float:
+        index = self._gated_index[run_id]
+        actions = output.get("actions", [])
+        if output.get("status") != "completed" or len(actions) <= index or actions[index]["outcome"] != "approved":
+            raise BenchError(f"{run_id} did not complete with an approved refund: {str(output)[:300]}")
+        with sqlite3.connect(self.db_path) as db:
+            row = db.execute(
+                "SELECT created_at FROM refunds WHERE idempotency_key = ?", (f"{run_id}/{index}",)
+            ).fetchone()
+        if row is None:
+            raise BenchError(f"{run_id}: no refund row")
+        return float(row[0])
+
+    def refunds(self, run_ids: list[str]) -> dict[str, tuple[int, int]]:
+        """Run id -> (refund rows under its keys, cents refunded on its order)."""
+        found: dict[str, tuple[int, int]] = {}
+        with sqlite3.connect(self.db_path) as db:
+            for run_id in run_ids:
+                (rows,) = db.execute(
+                    "SELECT count(*) FROM refunds WHERE idempotency_key LIKE ?", (f"{run_id}/%",)
+                ).fetchone()
+                (cents,) = db.execute(
+                    "SELECT refunded_cents FROM orders WHERE id = ?", (self._orders[run_id],)
+                ).fetchone()
+                found[run_id] = (int(rows), int(cents))
+        return found
+
+
+class Floor:
+    name = "floor"
+    service = FLOOR_SERVICE
+
+    def __init__(self, app: AppServer, markers: Path, ingress: httpx.AsyncClient, steps_per_turn: int = 1) -> None:
+        self.app = app
+        self.watcher = MarkerWatcher(markers, floor_marker_run)
+        self.ingress = ingress
+        self.steps_per_turn = steps_per_turn
+        """Bare steps standing for one Countersign model turn (set from the journal once measured)."""
+
+    def waiting_task(self, run_id: str, turns: int) -> dict[str, Any]:
+        return {"steps": (turns - 1) * self.steps_per_turn, "wait": True}
+
+    def steps_task(self, run_id: str, steps: int) -> dict[str, Any]:
+        return {"steps": steps}
+
+    async def prepare(self, run_id: str) -> Approval:
+        return Approval(run_id)
+
+    async def decide(self, approval: Approval) -> None:
+        response = await self.ingress.post(f"/{self.service}/{approval.run_id}/decide", json={"verdict": "approve"})
+        if response.status_code != 200:
+            raise BenchError(f"resolving {approval.run_id} answered {response.status_code}: {response.text[:200]}")
+
+    def check_done(self, run_id: str, output: dict[str, Any]) -> float:
+        acted = output.get("acted_at")
+        if not isinstance(acted, float):
+            raise BenchError(f"{run_id} did not act: {str(output)[:300]}")
+        return acted
+
+
+def now() -> float:
+    """Wall-clock seconds, the clock file mtimes and journaled timestamps use."""
+    return time.time()

@@ -1,0 +1,1 @@
+"""Fault and race suites: randomized crashes, concurrent clicks, poison input, against the real stack."""
