@@ -37,7 +37,10 @@ class Click:
     items: list[int] = field(default_factory=list)
     confirm: dict[str, str] = field(default_factory=dict)
     """What a high-stakes page asks the approver to retype, by field name, as the page shows it."""
+    opened: int | None = None
+    """The page's status when the approver opened it (a closed approval shows no form: no press)."""
     status: int | None = None
+    """The answer to the press (the form's POST); None when they never pressed."""
     text: str = ""
     attempts: int = 0
     error: str | None = None
@@ -104,15 +107,16 @@ class People:
         except TimeoutError as exc:
             click.error = str(exc)
             return
+        click.opened = page.status_code
         found = CSRF.search(page.text)
         if found is None:
-            click.status, click.text = page.status_code, "no form: " + page.text[-300:]
+            click.opened, click.text = page.status_code, "no form: " + page.text[-300:]
             return
         click.csrf = found.group(1)
         click.items = [int(i) for i in _BATCH_ITEM.findall(page.text)] if click.batch else []
         click.confirm = {name: html.unescape(value) for value, name in _CONFIRM.findall(page.text)}
         if click.batch and not click.items:
-            click.status, click.text = page.status_code, "nothing left to decide: " + page.text[-300:]
+            click.opened, click.text = page.status_code, "nothing left to decide: " + page.text[-300:]
             return
         if not think.wait(PERSISTENCE):
             click.error = "never told to press"

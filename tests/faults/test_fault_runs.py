@@ -268,7 +268,7 @@ def test_randomized_faults_lose_nothing_and_repeat_nothing(
 ) -> None:
     plan = draw(fault_options.seed, fault_options.runs, provider=mode.startswith("resend"))
     reproduce = f"pytest tests/faults --seed {plan.seed} --runs {len(plan.runs)} -k {mode}"
-    artifacts = ARTIFACTS / f"seed-{plan.seed}-runs-{len(plan.runs)}-{mode}"
+    artifacts = ARTIFACTS / f"{time.strftime('%Y%m%d-%H%M%S')}-{mode}-seed-{plan.seed}-runs-{len(plan.runs)}"
     fault_report.append(f"fault session {mode}, seed={plan.seed} runs={len(plan.runs)} (same plan: {reproduce})")
     with session_for(mode, private_stacks, tmp_path, plan) as session:
         session.note(f"fault session {mode} seed={plan.seed} runs={len(plan.runs)}")
