@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import httpx
 
@@ -24,6 +24,7 @@ from bench.stack import Stack
 from bench.subjects import BenchError, Countersign, Floor, Subject
 
 T = TypeVar("T")
+_JSON = {"content-type": "application/json"}
 
 
 @dataclass
@@ -48,16 +49,20 @@ class Driver:
         return CpuAccount({"restate": lambda: restate.pid, "app": lambda: app.pid, "bench": os.getpid})
 
     async def send(self, subject: Subject, run_id: str, task: dict[str, Any]) -> None:
-        response = await self.ingress.post(f"/{subject.service}/{run_id}/run/send", json=task)
+        response = await self.ingress.post(
+            f"/{subject.service}/{run_id}/run/send", content=subject.body(task), headers=_JSON
+        )
         if response.status_code != 202:
             raise BenchError(f"starting {run_id} answered {response.status_code}: {response.text[:300]}")
 
     async def call(self, subject: Subject, run_id: str, task: dict[str, Any]) -> dict[str, Any]:
         """Run to completion through the ingress and return the output."""
-        response = await self.ingress.post(f"/{subject.service}/{run_id}/run", json=task, timeout=self.plan.timeout)
+        response = await self.ingress.post(
+            f"/{subject.service}/{run_id}/run", content=subject.body(task), headers=_JSON, timeout=self.plan.timeout
+        )
         if response.status_code != 200:
             raise BenchError(f"{run_id} answered {response.status_code}: {response.text[:300]}")
-        return cast(dict[str, Any], response.json())
+        return subject.read(response.content)
 
     async def attach(self, subject: Subject, run_id: str) -> dict[str, Any]:
         """Wait for the run to complete and return its output."""
@@ -66,7 +71,7 @@ class Driver:
         )
         if response.status_code != 200:
             raise BenchError(f"{run_id} ended with {response.status_code}: {response.text[:300]}")
-        return cast(dict[str, Any], response.json())
+        return subject.read(response.content)
 
     async def start_all(self, subject: Subject, tasks: dict[str, dict[str, Any]]) -> None:
         await bounded_gather((self.send(subject, run_id, task) for run_id, task in tasks.items()), 16)
