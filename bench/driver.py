@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import secrets
 import sys
 import time
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import httpx
 
@@ -23,10 +22,9 @@ from bench.plan import Plan
 from bench.probes import CpuAccount
 from bench.stack import Stack
 from bench.subjects import BenchError, Countersign, Floor, Subject
-from handlers.codec import JournalCipher
-from handlers.settings import parse_journal_keys
 
 T = TypeVar("T")
+_JSON = {"content-type": "application/json"}
 
 
 @dataclass
@@ -51,16 +49,20 @@ class Driver:
         return CpuAccount({"restate": lambda: restate.pid, "app": lambda: app.pid, "bench": os.getpid})
 
     async def send(self, subject: Subject, run_id: str, task: dict[str, Any]) -> None:
-        response = await self.ingress.post(f"/{subject.service}/{run_id}/run/send", json=task)
+        response = await self.ingress.post(
+            f"/{subject.service}/{run_id}/run/send", content=subject.body(task), headers=_JSON
+        )
         if response.status_code != 202:
             raise BenchError(f"starting {run_id} answered {response.status_code}: {response.text[:300]}")
 
     async def call(self, subject: Subject, run_id: str, task: dict[str, Any]) -> dict[str, Any]:
         """Run to completion through the ingress and return the output."""
-        response = await self.ingress.post(f"/{subject.service}/{run_id}/run", json=task, timeout=self.plan.timeout)
+        response = await self.ingress.post(
+            f"/{subject.service}/{run_id}/run", content=subject.body(task), headers=_JSON, timeout=self.plan.timeout
+        )
         if response.status_code != 200:
             raise BenchError(f"{run_id} answered {response.status_code}: {response.text[:300]}")
-        return _output(subject, response)
+        return subject.read(response.content)
 
     async def attach(self, subject: Subject, run_id: str) -> dict[str, Any]:
         """Wait for the run to complete and return its output."""
@@ -69,7 +71,7 @@ class Driver:
         )
         if response.status_code != 200:
             raise BenchError(f"{run_id} ended with {response.status_code}: {response.text[:300]}")
-        return _output(subject, response)
+        return subject.read(response.content)
 
     async def start_all(self, subject: Subject, tasks: dict[str, dict[str, Any]]) -> None:
         await bounded_gather((self.send(subject, run_id, task) for run_id, task in tasks.items()), 16)
@@ -123,10 +125,3 @@ def progress(message: str) -> None:
 def sql_literal(value: str) -> str:
     """A quoted SQL string for restate's admin query API (which takes no bind parameters)."""
     return "'" + value.replace("'", "''") + "'"
-
-
-def _output(subject: Subject, response: httpx.Response) -> dict[str, Any]:
-    """A run's output, opened with the app's journal keys when it sealed it (as in production)."""
-    keys = subject.app.env.get("COUNTERSIGN_JOURNAL_KEYS")
-    raw = JournalCipher(parse_journal_keys(keys)).open(response.content) if keys else response.content
-    return cast(dict[str, Any], json.loads(raw))

@@ -10,12 +10,13 @@ from __future__ import annotations
 import email
 import email.policy
 import itertools
+import json
 import sqlite3
 import time
 from dataclasses import dataclass
 from email.message import EmailMessage
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -24,6 +25,8 @@ from support.processes import AppServer
 
 from bench.floor import SERVICE as FLOOR_SERVICE
 from bench.watch import MarkerWatcher, approval_email_run, floor_marker_run
+from handlers.codec import JournalCipher
+from handlers.settings import parse_journal_keys
 from handlers.tools.business_db import connect, transaction
 
 REQUESTER = "bench@example.com"
@@ -50,6 +53,14 @@ class Subject(Protocol):
     service: str
     app: AppServer
     watcher: MarkerWatcher
+
+    def body(self, task: dict[str, Any]) -> bytes:
+        """A request body as this system's clients send it."""
+        ...
+
+    def read(self, answer: bytes) -> dict[str, Any]:
+        """A successful answer's JSON, as this system's clients read it."""
+        ...
 
     def waiting_task(self, run_id: str, turns: int) -> dict[str, Any]:
         """A run that does `turns` units of work, then notifies an approver and waits."""
@@ -83,6 +94,16 @@ class Countersign:
         self._orders: dict[str, int] = {}
         self._gated_index: dict[str, int] = {}
         self._next_order = itertools.count(10_000_000)
+        keys = app.env.get("COUNTERSIGN_JOURNAL_KEYS")
+        self.codec = JournalCipher(parse_journal_keys(keys)) if keys else None
+
+    def body(self, task: dict[str, Any]) -> bytes:
+        """Sealed with the journal key when the app encrypts its journal, as the app's clients do."""
+        raw = json.dumps(task).encode()
+        return self.codec.encode(raw) if self.codec else raw
+
+    def read(self, answer: bytes) -> dict[str, Any]:
+        return cast(dict[str, Any], json.loads(self.codec.open(answer) if self.codec else answer))
 
     def new_orders(self, run_ids: list[str]) -> None:
         """Give each run a fresh paid order (one transaction), so every refund has its own balance."""
@@ -193,6 +214,12 @@ class Floor:
         self.ingress = ingress
         self.steps_per_turn = steps_per_turn
         """Bare steps standing for one Countersign model turn (set from the journal once measured)."""
+
+    def body(self, task: dict[str, Any]) -> bytes:
+        return json.dumps(task).encode()
+
+    def read(self, answer: bytes) -> dict[str, Any]:
+        return cast(dict[str, Any], json.loads(answer))
 
     def waiting_task(self, run_id: str, turns: int) -> dict[str, Any]:
         return {"steps": (turns - 1) * self.steps_per_turn, "wait": True}
