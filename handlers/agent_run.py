@@ -18,7 +18,7 @@ from restate import DurablePromise, RunOptions, TerminalError, WorkflowContext, 
 from restate.exceptions import RetryableError
 from restate.serde import Serde
 
-from handlers import confirm, links
+from handlers import confirm, links, retention
 from handlers.actions import RunMustFail, handle_turn
 from handlers.contract import (
     ActionRecord,
@@ -52,12 +52,10 @@ from handlers.llm.base import (
 )
 from handlers.llm.prompt import EMPTY_REPLY
 from handlers.redact import clean_failures, scrubbed
-from handlers.run_state import STATE_KEY, RunBook, RunState
+from handlers.run_state import RunBook, RunState, load_approval, load_header, load_run
 from handlers.settings import get_settings
 from handlers.tools import default_registry
 from handlers.verdict import CANCEL_PROMISE, Verdict, is_already_completed, is_cancellation, slot_promise
-
-RETENTION = timedelta(days=14)
 
 
 class TaskSerde(Serde[AgentTask]):
@@ -143,7 +141,7 @@ def _check_task(run_id: str, task: AgentTask) -> None:
         raise TerminalError("script is only for the scripted model", 400)
 
 
-@agent_run.main(name="run", input_serde=TaskSerde(), workflow_retention=RETENTION)
+@agent_run.main(name="run", input_serde=TaskSerde(), workflow_retention=retention.RUN)
 async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
     """Run the agent loop until the model answers, the run is cancelled, or the turn budget ends."""
     _check_task(ctx.key(), task)
@@ -158,9 +156,9 @@ async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
 
     malformed = 0
     for turn in range(get_settings().agent_max_turns):
-        if (request := await cancel.peek()) is not None:
-            return _finish(book, "cancelled", f"Cancelled: {request.reason}")
         book.state.phase = "planning"
+        # Asked before the model turn and answered alongside it: no round trip of its own.
+        cancel_asked = cancel.peek()
         try:
             reply = await ctx.run_typed(
                 f"model turn {turn}",
@@ -175,6 +173,8 @@ async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
                 raise
             retried = "" if exc.status_code == 400 else f" (gave up after {get_settings().model_max_attempts} attempts)"
             return _finish(book, "failed", f"The model call failed{retried}: {exc.message}")
+        if (request := await cancel_asked) is not None:
+            return _finish(book, "cancelled", f"Cancelled: {request.reason}")
         transcript.turns.append(reply)
         problem: str | None = None
         if reply.empty:
@@ -247,13 +247,14 @@ def _finish(book: RunBook, status: str, answer: str) -> RunResult:
     )
 
 
-@agent_run.handler(name="status")
+@agent_run.handler(name="status", journal_retention=retention.NO_JOURNAL)
 async def status(ctx: WorkflowSharedContext) -> RunStatus:
     """Where the run is: phase, pending approvals with their age, and what happened so far."""
-    state = await ctx.get(STATE_KEY, type_hint=RunState)
+    state = await load_run(ctx)
     if state is None:
         return RunStatus(run_id=ctx.key(), phase="unknown")
-    now = await ctx.time()
+    # A read-only answer that nothing decides on; journaling the clock would cost a round trip per read.
+    now = time.time()
     pending = [
         PendingApproval(
             approval_id=a.approval_id,
@@ -310,11 +311,11 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
         claims = links.parse(decision.token)
     except LinkInvalid as exc:
         raise TerminalError(exc.reason, exc.status) from None
-    state = await ctx.get(STATE_KEY, type_hint=RunState)
+    header = await load_header(ctx)
     record = None
-    if state is not None and claims.run_id == ctx.key():
-        record = state.approvals.get(links.approval_id(ctx.key(), claims.index))
-    if record is None or state is None or record.tenant != state.tenant:
+    if header is not None and claims.run_id == ctx.key():
+        record = await load_approval(ctx, header, links.approval_id(ctx.key(), claims.index))
+    if record is None or header is None or record.tenant != header.tenant:
         raise TerminalError("This link is not valid.", 403)
     check = await ctx.run_typed("verify link", _check_link, token=decision.token, record=record)
     if check.state == "invalid":
@@ -404,10 +405,9 @@ def _slot_state(verdict: Verdict) -> str:
 @agent_run.handler(name="cancel")
 async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelReceipt:
     """Stop the run: a pending approval resolves as `cancelled` and nothing further executes."""
-    state = await ctx.get(STATE_KEY, type_hint=RunState)
+    state = await load_run(ctx, with_actions=False)
     if state is None or state.phase in ("completed", "failed", "cancelled"):
         return CancelReceipt(run_id=ctx.key(), accepted=False, cancelled_approvals=[])
-    accepted = await _complete(ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest), request)
     now = await ctx.time()
     cancelled = []
     for record in state.approvals.values():
@@ -428,6 +428,8 @@ async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelRe
             won = await _complete(promise, verdict) or won
         if won:
             cancelled.append(record.approval_id)
+    # Last, so that a run waiting on both sees each approval closed as cancelled by this call.
+    accepted = await _complete(ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest), request)
     return CancelReceipt(run_id=ctx.key(), accepted=accepted, cancelled_approvals=cancelled)
 
 
@@ -435,8 +437,8 @@ async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelRe
 async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> ReassignReceipt:
     """Hand a pending approval (one approver's part of it) to someone else: a new round starts and
     older links stop working. A 400 that changes nothing when the request does not fit."""
-    state = await ctx.get(STATE_KEY, type_hint=RunState)
-    record = state.approvals.get(request.approval_id) if state else None
+    header = await load_header(ctx)
+    record = await load_approval(ctx, header, request.approval_id) if header else None
     if record is None or record.state != "pending":
         raise TerminalError(f"no pending approval {request.approval_id} in run {ctx.key()}", 404)
     to = request.to.lower()
@@ -470,8 +472,8 @@ async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> Reas
 async def delivery_failed(ctx: WorkflowSharedContext, failure: DeliveryFailure) -> bool:
     """An approver's email bounced or was refused: that approver cannot decide this round. The run then
     waits for the others, escalates, or ends the approval `undeliverable`. False for a stale failure."""
-    state = await ctx.get(STATE_KEY, type_hint=RunState)
-    record = state.approvals.get(failure.approval_id) if state is not None else None
+    header = await load_header(ctx)
+    record = await load_approval(ctx, header, failure.approval_id) if header else None
     if record is None:
         return False
     verdict = slot_verdict(record, failure, await ctx.time())

@@ -21,12 +21,15 @@ import restate
 from handlers.audit import AuditLog, ChainedEntry, verify
 from handlers.codec import JournalValueUnreadable, journal_codec
 from handlers.contract import CancelRequest, ReassignRequest
-from handlers.run_state import RunState
+from handlers.run_state import RunState, assemble
 from handlers.settings import Settings
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_RUN_STATES = "SELECT service_key, value_utf8 FROM state WHERE service_name = 'AgentRun' AND key = 'run'"
+_RUN_STATES = (
+    "SELECT service_key, key, value_utf8 FROM state WHERE service_name = 'AgentRun'"
+    " AND (key = 'run' OR key LIKE 'approval:%')"
+)
 
 
 class OperationError(Exception):
@@ -79,8 +82,12 @@ class Operations:
             raise OperationError(f"{service}/{handler}: {exc}") from None
 
     def runs(self) -> list[RunState]:
-        rows = self._sql(_RUN_STATES)
-        return [RunState.model_validate_json(self._open(row["value_utf8"])) for row in rows if row.get("value_utf8")]
+        """Every run with its approvals (without its actions, which no operator command reads here)."""
+        values: dict[str, dict[str, bytes]] = {}
+        for row in self._sql(_RUN_STATES):
+            if row.get("value_utf8"):
+                values.setdefault(row["service_key"], {})[row["key"]] = self._open(row["value_utf8"])
+        return [run for run in map(assemble, values.values()) if run is not None]
 
     def _open(self, value: str) -> bytes:
         """A state value as stored: sealed when the journal is encrypted (see handlers.codec)."""

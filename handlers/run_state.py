@@ -1,17 +1,33 @@
 """The workflow state of one run: what `status` shows and what `decide` verifies against.
 
-Guarantee: only `AgentRun.run` writes it (shared handlers can only read), always as one whole value
-under one key, so a reader never sees half an update.
+Guarantee: only `AgentRun.run` writes it (shared handlers can only read). Each approval and each
+action is stored under its own key and written only when it changed, so a step costs the journal
+what it changed, not the size of the run. Items are written before the header that lists them, so a
+reader that finds an id in the header finds its record. A run stored whole under `run` by an earlier
+release still reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from pydantic import BaseModel, Field
-from restate import WorkflowContext
+from restate import WorkflowContext, WorkflowSharedContext
+from restate.serde import BytesSerde
 
 from handlers.contract import ActionRecord, ApprovalRecord, Phase
 
-STATE_KEY = "run"
+HEADER_KEY = "run"
+_RAW = BytesSerde()
+
+
+def approval_key(approval_id: str) -> str:
+    return f"approval:{approval_id}"
+
+
+def action_key(position: int) -> str:
+    return f"action:{position}"
 
 
 class RunState(BaseModel):
@@ -26,12 +42,102 @@ class RunState(BaseModel):
     answer: str | None = None
 
 
+class RunHeader(BaseModel):
+    """The stored head of a run; `approvals`/`actions` are only present in the whole-run layout."""
+
+    run_id: str
+    tenant: str
+    goal: str
+    requester: str
+    model: str
+    phase: Phase = "planning"
+    answer: str | None = None
+    approval_ids: list[str] = Field(default_factory=list)
+    action_count: int = 0
+    approvals: dict[str, ApprovalRecord] | None = None
+    actions: list[ActionRecord] | None = None
+
+
+def _header_of(state: RunState) -> RunHeader:
+    fields = state.model_dump(exclude={"approvals", "actions"})
+    return RunHeader(**fields, approval_ids=list(state.approvals), action_count=len(state.actions))
+
+
 class RunBook:
-    """The run's state plus the context that persists it; `save` after every transition."""
+    """The run's state plus the context that persists it; `save` after every transition.
+    Actions are append-only; approvals may change in place and are compared with what was saved."""
 
     def __init__(self, ctx: WorkflowContext, state: RunState) -> None:
         self.ctx = ctx
         self.state = state
+        self._saved_header = b""
+        self._saved_approvals: dict[str, bytes] = {}
+        self._saved_actions = 0
 
     def save(self) -> None:
-        self.ctx.set(STATE_KEY, self.state)
+        for approval_id, record in self.state.approvals.items():
+            raw = record.model_dump_json().encode()
+            if self._saved_approvals.get(approval_id) != raw:
+                self.ctx.set(approval_key(approval_id), raw, serde=_RAW)
+                self._saved_approvals[approval_id] = raw
+        for position in range(self._saved_actions, len(self.state.actions)):
+            self.ctx.set(action_key(position), self.state.actions[position].model_dump_json().encode(), serde=_RAW)
+        self._saved_actions = len(self.state.actions)
+        header = _header_of(self.state).model_dump_json(exclude={"approvals", "actions"}).encode()
+        if header != self._saved_header:
+            self.ctx.set(HEADER_KEY, header, serde=_RAW)
+            self._saved_header = header
+
+
+async def load_header(ctx: WorkflowSharedContext) -> RunHeader | None:
+    return await ctx.get(HEADER_KEY, type_hint=RunHeader)
+
+
+async def load_approval(ctx: WorkflowSharedContext, header: RunHeader, approval_id: str) -> ApprovalRecord | None:
+    if header.approvals is not None:
+        return header.approvals.get(approval_id)
+    if approval_id not in header.approval_ids:
+        return None
+    return await ctx.get(approval_key(approval_id), type_hint=ApprovalRecord)
+
+
+async def load_run(ctx: WorkflowSharedContext, *, with_actions: bool = True) -> RunState | None:
+    """The whole run as the workflow last saved it; None before it started."""
+    header = await load_header(ctx)
+    if header is None:
+        return None
+    approvals: dict[str, ApprovalRecord] = {}
+    for approval_id in header.approval_ids if header.approvals is None else header.approvals:
+        if (record := await load_approval(ctx, header, approval_id)) is not None:
+            approvals[approval_id] = record
+    actions = header.actions or []
+    if header.actions is None and with_actions:
+        for position in range(header.action_count):
+            if (action := await ctx.get(action_key(position), type_hint=ActionRecord)) is not None:
+                actions.append(action)
+    return _assembled(header, approvals, actions)
+
+
+def assemble(values: dict[str, bytes]) -> RunState | None:
+    """A run from its stored values by key (e.g. rows of Restate's `state` table), already opened."""
+    if HEADER_KEY not in values:
+        return None
+    header = RunHeader.model_validate_json(values[HEADER_KEY])
+    if header.approvals is not None:
+        return _assembled(header, header.approvals, header.actions or [])
+    approvals = {
+        i: ApprovalRecord.model_validate_json(values[approval_key(i)])
+        for i in header.approval_ids
+        if approval_key(i) in values
+    }
+    actions = [
+        ActionRecord.model_validate_json(values[action_key(p)])
+        for p in range(header.action_count)
+        if action_key(p) in values
+    ]
+    return _assembled(header, approvals, actions)
+
+
+def _assembled(header: RunHeader, approvals: dict[str, ApprovalRecord], actions: Iterable[ActionRecord]) -> RunState:
+    fields: dict[str, Any] = header.model_dump(exclude={"approval_ids", "action_count", "approvals", "actions"})
+    return RunState(**fields, approvals=approvals, actions=list(actions))

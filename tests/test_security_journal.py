@@ -105,12 +105,15 @@ def test_the_journal_holds_no_plaintext_of_marked_values(
         f"select value_utf8 as v from state where service_key = '{run_id}' union all "
         f"select completion_success_value_utf8 as v from sys_promise where service_key = '{run_id}'"
     )
-    assert values and all(approver not in (row["v"] or "") for row in values)
+    assert values and all(approver not in (row.get("v") or "") for row in values)
 
     cipher = JournalCipher(parse_journal_keys(app_env["COUNTERSIGN_JOURNAL_KEYS"]))
-    [state] = restate_server.sql(f"select value_utf8 from state where service_key = '{run_id}' and key = 'run'")
-    assert state["value_utf8"].encode().startswith(ENVELOPE)
-    opened = cipher.open(state["value_utf8"].encode()).decode()
+    states = restate_server.sql(f"select value_utf8 from state where service_key = '{run_id}'")
+    assert {"run", f"approval:{run_id}-a0", "action:0"} <= {
+        row["key"] for row in restate_server.sql(f"select key from state where service_key = '{run_id}'")
+    }
+    assert states and all(row["value_utf8"].encode().startswith(ENVELOPE) for row in states)
+    opened = " ".join(cipher.open(row["value_utf8"].encode()).decode() for row in states)
     assert all(value in opened for value in marked.values()), "the sealed state does hold them"
     [promise] = restate_server.sql(
         f"select completion_success_value_utf8 as v from sys_promise where service_key = '{run_id}'"

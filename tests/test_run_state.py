@@ -1,0 +1,110 @@
+"""Run state is stored per item: a step costs the journal what it changed, not the size of the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from support.business import new_order
+from support.processes import AppServer, Ingress, RestateServer
+
+from handlers.contract import ActionRecord, ApprovalRecord, Outcome
+from handlers.run_state import HEADER_KEY, RunState, action_key, approval_key, assemble
+
+
+def lookups(order: int, steps: int) -> dict[str, Any]:
+    step = {"tool": "lookup_order", "args": {"order_id": order}}
+    return {"goal": f"Look at order {order}", "requester": "alice@example.com", "script": [step] * steps}
+
+
+def state_bytes_written(restate_server: RestateServer, run_id: str) -> int:
+    ids = f"select id from sys_invocation where target_service_key = '{run_id}' and target_handler_name = 'run'"
+    rows = restate_server.sql(f"select entry_type, raw from sys_journal where id in ({ids})")
+    writes = [len(row["raw"]) // 2 for row in rows if "SetState" in row["entry_type"]]
+    assert writes, "the run saved its state"
+    return sum(writes)
+
+
+def test_state_written_per_step_does_not_grow_with_the_run(
+    app_server: AppServer,
+    ingress: Ingress,
+    restate_server: RestateServer,
+    demo_db: Path,
+    run_id: str,
+) -> None:
+    order = new_order(demo_db, 5000)
+    sizes = {}
+    for steps in (2, 18):
+        key = f"{run_id}-{steps}"
+        result = ingress.call("AgentRun", key, "run", lookups(order, steps)).json()
+        assert result["status"] == "completed"
+        assert [a["outcome"] for a in result["actions"]] == ["autonomous"] * steps
+        status = ingress.status(key)
+        assert [a["index"] for a in status["history"]] == list(range(steps))
+        sizes[steps] = state_bytes_written(restate_server, key) / steps
+    # Saving the whole run each step writes ~k action records at step k (quadratic in all).
+    assert sizes[18] < sizes[2] * 1.5, sizes
+
+
+def _approval(run_id: str) -> ApprovalRecord:
+    return ApprovalRecord(
+        approval_id=f"{run_id}-a0",
+        run_id=run_id,
+        tenant="acme",
+        index=0,
+        tool="issue_refund",
+        args={"order_id": 7},
+        digest="d" * 64,
+        summary="Refund order 7",
+        why="late",
+        policy="issue_refund: finance approves",
+        requester="alice@example.com",
+        approvers=["finance@example.com"],
+        active_slots=[0],
+        nonces=["n"],
+        requested_at=1.0,
+        round_started_at=1.0,
+        deadline=2.0,
+    )
+
+
+def _state() -> RunState:
+    return RunState(
+        run_id="r1",
+        tenant="acme",
+        goal="g",
+        requester="alice@example.com",
+        model="scripted",
+        phase="completed",
+        approvals={"r1-a0": _approval("r1")},
+        actions=[ActionRecord(index=0, tool="issue_refund", proposed_args={}, outcome=Outcome.APPROVED)],
+        answer="done",
+    )
+
+
+def test_assemble_reads_the_per_item_layout() -> None:
+    state = _state()
+    header = {
+        "run_id": "r1",
+        "tenant": "acme",
+        "goal": "g",
+        "requester": "alice@example.com",
+        "model": "scripted",
+        "phase": "completed",
+        "answer": "done",
+        "approval_ids": ["r1-a0"],
+        "action_count": 1,
+    }
+    values = {
+        HEADER_KEY: json.dumps(header).encode(),
+        approval_key("r1-a0"): state.approvals["r1-a0"].model_dump_json().encode(),
+        action_key(0): state.actions[0].model_dump_json().encode(),
+    }
+    assert assemble(values) == state
+    assert assemble({}) is None
+
+
+def test_assemble_reads_a_run_stored_whole_by_an_earlier_release() -> None:
+    state = _state()
+    assert assemble({HEADER_KEY: state.model_dump_json().encode()}) == state
