@@ -15,6 +15,8 @@ import restate
 from pydantic import BaseModel, Field
 from restate import ObjectContext, ObjectSharedContext
 
+from handlers import retention
+
 AuditKind = Literal[
     "requested",
     "email_accepted",
@@ -85,7 +87,7 @@ approval_audit = restate.VirtualObject("ApprovalAudit", description="Hash-chaine
 _KEY = "log"
 
 
-@approval_audit.handler(name="append")
+@approval_audit.handler(name="append", journal_retention=retention.NO_JOURNAL)
 async def append(ctx: ObjectContext, entry: AuditEntry) -> ChainedEntry:
     log = await ctx.get(_KEY, type_hint=AuditLog) or AuditLog(approval_id=ctx.key())
     for existing in log.entries:
@@ -97,6 +99,6 @@ async def append(ctx: ObjectContext, entry: AuditEntry) -> ChainedEntry:
     return chained
 
 
-@approval_audit.handler(name="entries", kind="shared")
+@approval_audit.handler(name="entries", kind="shared", journal_retention=retention.NO_JOURNAL)
 async def entries(ctx: ObjectSharedContext) -> AuditLog:
     return await ctx.get(_KEY, type_hint=AuditLog) or AuditLog(approval_id=ctx.key())

@@ -13,6 +13,8 @@ import restate
 from pydantic import BaseModel, Field
 from restate import ObjectContext, ObjectSharedContext
 
+from handlers import retention
+
 InboxChange = Literal["add", "remind", "remove"]
 
 
@@ -51,7 +53,7 @@ _ENTRY = "entry:"
 
 # One state key per entry, read lazily: an event touches only its own entry, so its cost (and what it
 # journals) does not grow with the number of approvals waiting for the same person.
-@approval_inbox.handler(name="apply", enable_lazy_state=True)
+@approval_inbox.handler(name="apply", enable_lazy_state=True, journal_retention=retention.NO_JOURNAL)
 async def apply(ctx: ObjectContext, event: InboxEvent) -> None:
     """Apply one transition from a run. Idempotent: an older round never overwrites a newer one."""
     key = _ENTRY + event.entry.approval_id
@@ -67,7 +69,7 @@ async def apply(ctx: ObjectContext, event: InboxEvent) -> None:
         ctx.set(key, event.entry)
 
 
-@approval_inbox.handler(name="pending", kind="shared")
+@approval_inbox.handler(name="pending", kind="shared", journal_retention=retention.NO_JOURNAL)
 async def pending(ctx: ObjectSharedContext) -> InboxView:
     """What waits for this approver, oldest first, with age and time left."""
     entries = [await ctx.get(key, type_hint=InboxEntry) for key in await ctx.state_keys() if key.startswith(_ENTRY)]

@@ -13,6 +13,7 @@ import restate
 from pydantic import BaseModel, Field
 from restate import Context, ObjectContext, ObjectSharedContext
 
+from handlers import retention
 from handlers.settings import get_settings
 from handlers.tools import default_registry
 
@@ -54,7 +55,7 @@ tool_stats = restate.VirtualObject("ToolStats", description="Decision figures of
 trust_ramp = restate.Service("TrustRamp", description="Decision figures of every tool, for the trust ramp.")
 
 
-@tool_stats.handler(name="record")
+@tool_stats.handler(name="record", journal_retention=retention.NO_JOURNAL)
 async def record(ctx: ObjectContext, sample: OutcomeSample) -> None:
     data = await ctx.get("samples", type_hint=_Samples) or _Samples()
     if any(s.approval_id == sample.approval_id for s in data.samples):
@@ -64,7 +65,7 @@ async def record(ctx: ObjectContext, sample: OutcomeSample) -> None:
     ctx.set("samples", data)
 
 
-@tool_stats.handler(name="stats", kind="shared")
+@tool_stats.handler(name="stats", kind="shared", journal_retention=retention.NO_JOURNAL)
 async def stats(ctx: ObjectSharedContext) -> ToolFigures:
     data = await ctx.get("samples", type_hint=_Samples) or _Samples()
     return figures(ctx.key(), data.samples, data.counts, get_settings().trust_ramp_min_decisions)
@@ -103,7 +104,7 @@ def figures(tool: str, samples: list[OutcomeSample], counts: dict[str, int], min
     )
 
 
-@trust_ramp.handler(name="report")
+@trust_ramp.handler(name="report", journal_retention=retention.NO_JOURNAL)
 async def report(ctx: Context) -> TrustReport:
     """Every gated tool's figures."""
     tools = [t.name for t in default_registry() if t.policy.gated]

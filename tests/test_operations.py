@@ -54,6 +54,31 @@ def test_inbox_follows_approve_reject_and_cancel(
     wait_until(lambda: not wanted & set(inbox(ingress, "finance@example.com")), 20, "the inbox to drop them")
 
 
+def test_bookkeeping_keeps_its_state_but_no_journal(
+    app_server: AppServer, ingress: Ingress, restate_server: RestateServer, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    ingress.start_run(run_id, refund_task(new_order(demo_db, 100000)))
+    [mail] = wait_for_email(outbox_dir, run_id)
+    assert submit(mail.link, "approve").status_code == 200
+    assert ingress.wait_output(run_id).json()["status"] == "completed"
+    approval = f"{run_id}-a0"
+
+    def audited() -> list[Any] | None:
+        kinds = [e["kind"] for e in ingress.call("ApprovalAudit", approval, "entries", None).json()["entries"]]
+        return kinds if "executed" in kinds else None
+
+    assert wait_until(audited, 20, "the audit trail to record the execution")[0] == "requested"
+    journals = restate_server.sql(
+        "select i.target_service_name as service, count(*) as entries from sys_journal j"
+        " join sys_invocation i on i.id = j.id"
+        f" where i.target_service_key in ('{run_id}', '{approval}', 'finance@example.com')"
+        " group by i.target_service_name"
+    )
+    kept = {row["service"]: row["entries"] for row in journals}
+    assert kept.get("AgentRun", 0) > 0, "the run's own journal is kept (evidence, replay)"
+    assert "ApprovalAudit" not in kept and "ApprovalInbox" not in kept, kept
+
+
 def test_reassign_moves_the_inbox_and_kills_old_links(
     app_server: AppServer, restate_server: RestateServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
 ) -> None:
