@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from handlers.contract import ActionRecord, Outcome
 from handlers.execute import idempotency_key, run_tool
 from handlers.gate import GatedCall, approve_and_act
 from handlers.llm.base import ToolCall
 from handlers.policy import PolicyVerdict, evaluate
+from handlers.rounds import Opening, open_round
 from handlers.run_state import RunBook
 from handlers.tools import default_registry
 from handlers.tools.registry import validation_message
@@ -25,10 +26,18 @@ class RunMustFail(Exception):
     """A tool's policy says an unanswered approval fails the whole run."""
 
 
-def _policy_for(tool_name: str, args: dict[str, Any]) -> PolicyVerdict:
+class PolicyAnswer(BaseModel):
+    """The policy's journaled answer; a gated call's first round opens in the same step."""
+
+    verdict: PolicyVerdict
+    opening: Opening | None = None
+
+
+def _policy_for(tool_name: str, args: dict[str, Any]) -> PolicyAnswer:
     tool = default_registry().get(tool_name)
     assert tool is not None
-    return evaluate(tool_name, tool.policy, args)
+    verdict = evaluate(tool_name, tool.policy, args)
+    return PolicyAnswer(verdict=verdict, opening=open_round() if verdict.gated else None)
 
 
 async def handle_turn(book: RunBook, calls: list[ToolCall]) -> list[ActionRecord]:
@@ -49,9 +58,9 @@ async def handle_turn(book: RunBook, calls: list[ToolCall]) -> list[ActionRecord
             done[index] = _invalid(call, index, f"invalid arguments: {validation_message(exc)}")
             continue
         args = validated.model_dump(mode="json")
-        policy = await book.ctx.run_typed(f"policy {call.name} #{index}", _policy_for, tool_name=call.name, args=args)
-        if policy.gated:
-            gated.append(GatedCall(tool, call, args, index, policy, tool.summarize(validated)))
+        answer = await book.ctx.run_typed(f"policy {call.name} #{index}", _policy_for, tool_name=call.name, args=args)
+        if answer.opening is not None:
+            gated.append(GatedCall(tool, call, args, index, answer.verdict, tool.summarize(validated), answer.opening))
             continue
         run = await run_tool(book.ctx, call.name, args, index)
         done[index] = ActionRecord(

@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
-import time
 from dataclasses import dataclass
 from typing import Any
-
-from pydantic import BaseModel
 
 from handlers import confirm, ledger, links
 from handlers.contract import ActionRecord, ApprovalRecord, ApprovalState, Outcome
@@ -24,7 +20,7 @@ from handlers.execute import idempotency_key, recheck, run_tool
 from handlers.llm.base import ToolCall
 from handlers.mail.outcome_email import NoticeOutcome, send_outcome_notice
 from handlers.policy import PolicyVerdict
-from handlers.rounds import closing, open_round
+from handlers.rounds import Opening, closing, open_round
 from handlers.run_state import RunBook
 from handlers.tools.registry import Tool
 from handlers.verdict import Verdict, state_of
@@ -63,17 +59,13 @@ class GatedCall:
     index: int
     policy: PolicyVerdict
     summary: str
+    opening: Opening
 
 
 @dataclass
 class GateResult:
     action: ActionRecord
     fail_run: bool = False
-
-
-class _Openings(BaseModel):
-    nonces: list[str]
-    now: float
 
 
 def canonical_json(value: Any) -> str:
@@ -85,19 +77,13 @@ def action_digest(run_id: str, index: int, tool: str, args: dict[str, Any]) -> s
     return hashlib.sha256(_DIGEST_DOMAIN + frozen.encode()).hexdigest()
 
 
-def _open(count: int) -> _Openings:
-    return _Openings(nonces=[secrets.token_urlsafe(16) for _ in range(count)], now=time.time())
-
-
 async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateResult]:
     """Ask about every call of one turn together, then act on each verdict in order."""
-    first = calls[0].index
-    name = f"open approval #{first}" if len(calls) == 1 else f"open approvals #{first}-#{calls[-1].index}"
-    opened = await book.ctx.run_typed(name, _open, count=len(calls))
     batch = [c.index for c in calls] if len(calls) > 1 else []
+    now = calls[-1].opening.now
     waiters = []
-    for gated, nonce in zip(calls, opened.nonces, strict=True):
-        record = _freeze(book, gated, nonce, opened.now, batch)
+    for gated in calls:
+        record = _freeze(book, gated, gated.opening.nonce, now, batch)
         book.state.approvals[record.approval_id] = record
         waiters.append(Waiter(book, record, gated.policy.policy))
     book.state.phase = "awaiting_approval"

@@ -271,7 +271,7 @@ async def wait_all(book: RunBook, waiters: list[Waiter], mail_kind: MailKind) ->
     for i, waiter in enumerate(waiters):
         if not delivered[i] and (final := await waiter.escalate_or_give_up()) is not None:
             finals[i] = waiter.conclude(final)
-    cancel = book.ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest)
+    cancelled = book.ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest).value()
     clock = max(w.clock for w in waiters)
     for _ in range(sum(w.event_bound() for w in waiters)):
         pending = [i for i in range(len(waiters)) if i not in finals]
@@ -279,16 +279,17 @@ async def wait_all(book: RunBook, waiters: list[Waiter], mail_kind: MailKind) ->
             break
         for waiter in waiters:
             waiter.clock = max(waiter.clock, clock)
-        if (request := await cancel.peek()) is not None:
-            for i in pending:
-                finals[i] = waiters[i].conclude(await waiters[i].close_all("cancel", request.reason))
-            break
         futures: dict[str, Any] = {
             f"{i}:{slot}": waiters[i].promise(slot).value() for i in pending for slot in waiters[i].open_slots()
         }
         at, due = min((next_event(waiters[i].record, waiters[i].policy)[0], i) for i in pending)
         futures["timer"] = book.ctx.sleep(timedelta(seconds=max(0.0, at - clock)))
+        futures["cancel"] = cancelled
         name, value = await restate.select(**futures)
+        if name == "cancel":
+            for i in pending:
+                finals[i] = waiters[i].conclude(await waiters[i].close_all("cancel", value.reason))
+            break
         if name == "timer":
             clock = max(clock, at)
             outcome = await waiters[due].on_timer()
