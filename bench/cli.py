@@ -78,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
     knobs.add_argument("--block", type=int, help="samples per block before switching systems")
     knobs.add_argument("--step-counts", type=_ints, help="e.g. 1,10,25,50")
     knobs.add_argument("--step-samples", type=int, help="runs per step count per system")
-    knobs.add_argument("--resume-turns", type=_ints, help="e.g. 10,50 (the contract caps scripts at 50 steps)")
+    knobs.add_argument("--resume-turns", type=_ints, help="e.g. 10,100 (at most the longest script AgentTask accepts)")
     knobs.add_argument("--resume-samples", type=int, help="runs per turn count per system")
     knobs.add_argument("--concurrency", type=int, help="workers for start -> paused")
     knobs.add_argument("--paused", dest="paused_sizes", type=_ints, help="cumulative paused runs, e.g. 1000,10000")

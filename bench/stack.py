@@ -53,7 +53,7 @@ class Stack:
         env = {
             **make_app_env(ingress_url=restate.ingress_url, outbox_dir=outbox, db_path=db_path),
             "APPROVALS_PUBLIC_URL": f"http://127.0.0.1:{port}",
-            # Scripts of up to 50 steps (the contract's cap) plus the answering turn.
+            # Long scripts (100 steps for the resume figure) plus the answering turn.
             "AGENT_MAX_TURNS": "200",
         }
         countersign = AppServer.start(env=env, port=port, log_path=work / "countersign.log")

@@ -1,13 +1,12 @@
 """The calls of one model turn: validate each, ask the policy, run or gate, report in order.
 
 Guarantee: an unknown tool or invalid arguments become an `invalid` outcome the model can read,
-never a crash; the policy's answer is journaled, so a policy-file change cannot re-route a replay;
-the gated calls of one turn are asked together; every call gets a stable index `base + position`.
+never a crash; the policy's answers are computed inside the model turn's journaled step (`ask_policy`),
+so a policy-file change cannot re-route a replay; the gated calls of one turn are asked together;
+every call gets a stable index `base + position`.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -27,25 +26,36 @@ class RunMustFail(Exception):
 
 
 class PolicyAnswer(BaseModel):
-    """The policy's journaled answer; a gated call's first round opens in the same step."""
+    """The policy's answer for one call; a gated call's first round opens with it."""
 
     verdict: PolicyVerdict
     opening: Opening | None = None
 
 
-def _policy_for(tool_name: str, args: dict[str, Any]) -> PolicyAnswer:
-    tool = default_registry().get(tool_name)
-    assert tool is not None
-    verdict = evaluate(tool_name, tool.policy, args)
+def ask_policy(calls: list[ToolCall]) -> list[PolicyAnswer | None]:
+    """The policy's answer for each call that reaches a tool (None for the others). Runs inside the
+    journaled step that took the model turn: one round trip for the reply and what the policy says of it."""
+    return [_answer(call) for call in calls]
+
+
+def _answer(call: ToolCall) -> PolicyAnswer | None:
+    tool = default_registry().get(call.name)
+    if call.problem is not None or tool is None:
+        return None
+    try:
+        args = tool.validate(call.args).model_dump(mode="json")
+    except ValidationError:
+        return None
+    verdict = evaluate(call.name, tool.policy, args)
     return PolicyAnswer(verdict=verdict, opening=open_round() if verdict.gated else None)
 
 
-async def handle_turn(book: RunBook, calls: list[ToolCall]) -> list[ActionRecord]:
+async def handle_turn(book: RunBook, calls: list[ToolCall], answers: list[PolicyAnswer | None]) -> list[ActionRecord]:
     """Every call of one turn, each with its outcome, in the order the model proposed them."""
     base = len(book.state.actions)
     done: dict[int, ActionRecord] = {}
     gated: list[GatedCall] = []
-    for position, call in enumerate(calls):
+    for position, (call, answer) in enumerate(zip(calls, answers, strict=True)):
         index = base + position
         tool = default_registry().get(call.name)
         if tool is None:
@@ -58,7 +68,9 @@ async def handle_turn(book: RunBook, calls: list[ToolCall]) -> list[ActionRecord
             done[index] = _invalid(call, index, f"invalid arguments: {validation_message(exc)}")
             continue
         args = validated.model_dump(mode="json")
-        answer = await book.ctx.run_typed(f"policy {call.name} #{index}", _policy_for, tool_name=call.name, args=args)
+        if answer is None:  # only if the tool's schema changed under a paused run
+            done[index] = _invalid(call, index, "the tool changed since this call was proposed; propose it again")
+            continue
         if answer.opening is not None:
             gated.append(GatedCall(tool, call, args, index, answer.verdict, tool.summarize(validated), answer.opening))
             continue

@@ -19,7 +19,7 @@ from restate.exceptions import RetryableError
 from restate.serde import Serde
 
 from handlers import confirm, links, retention
-from handlers.actions import RunMustFail, handle_turn
+from handlers.actions import PolicyAnswer, RunMustFail, ask_policy, handle_turn
 from handlers.contract import (
     ActionRecord,
     AgentTask,
@@ -110,11 +110,22 @@ def _model_retries() -> RunOptions[Any]:
     )
 
 
+class Turn(BaseModel):
+    """One journaled model turn: the model that answered (pinned by the first turn), its reply, and
+    the policy's answer for each of the reply's tool calls."""
+
+    model: str
+    reply: AssistantTurn
+    policies: list[PolicyAnswer | None]
+
+
 @scrubbed
-def _model_turn(model_id: str, task: AgentTask, transcript: Transcript) -> AssistantTurn:
+def _model_turn(model_id: str | None, task: AgentTask, transcript: Transcript) -> Turn:
     """One model turn (the body of a journaled step): final refusals end the step, the rest retry."""
+    model_id = model_id or _pick_model(task.model)
     try:
-        return bounded(load_model(model_id, task.script).next_turn(transcript, _tool_specs()))
+        reply = bounded(load_model(model_id, task.script).next_turn(transcript, _tool_specs()))
+        return Turn(model=model_id, reply=reply, policies=ask_policy(reply.tool_calls))
     except (ProviderRefused, ModelUnavailable) as exc:
         raise TerminalError(str(exc), 400) from None
     except ProviderBusy as exc:
@@ -145,10 +156,10 @@ def _check_task(run_id: str, task: AgentTask) -> None:
 async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
     """Run the agent loop until the model answers, the run is cancelled, or the turn budget ends."""
     _check_task(ctx.key(), task)
-    model_id = await ctx.run_typed("pin model", _pick_model, requested=task.model)
+    model_id = task.model
     book = RunBook(
         ctx,
-        RunState(run_id=ctx.key(), tenant=task.tenant, goal=task.goal, requester=task.requester, model=model_id),
+        RunState(run_id=ctx.key(), tenant=task.tenant, goal=task.goal, requester=task.requester, model=model_id or ""),
     )
     book.save()
     transcript = Transcript(goal=task.goal, requester=task.requester)
@@ -160,7 +171,7 @@ async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
         # Asked before the model turn and answered alongside it: no round trip of its own.
         cancel_asked = cancel.peek()
         try:
-            reply = await ctx.run_typed(
+            taken = await ctx.run_typed(
                 f"model turn {turn}",
                 _model_turn,
                 _model_retries(),
@@ -172,9 +183,13 @@ async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
             if is_cancellation(exc):
                 raise
             retried = "" if exc.status_code == 400 else f" (gave up after {get_settings().model_max_attempts} attempts)"
+            if not book.state.model:
+                book.state.model = await ctx.run_typed("pin model", _pick_model, requested=task.model)
             return _finish(book, "failed", f"The model call failed{retried}: {exc.message}")
+        model_id = book.state.model = taken.model
         if (request := await cancel_asked) is not None:
             return _finish(book, "cancelled", f"Cancelled: {request.reason}")
+        reply = taken.reply
         transcript.turns.append(reply)
         problem: str | None = None
         if reply.empty:
@@ -184,7 +199,7 @@ async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
             return _finish(book, "completed", reply.text)
         book.state.phase = "acting"
         try:
-            actions = await _act_on(book, reply.tool_calls)
+            actions = await _act_on(book, reply.tool_calls, taken.policies)
         except RunMustFail as exc:
             return _finish(book, "failed", f"Stopped: {exc}")
         for call, action in zip(reply.tool_calls, actions, strict=True):
@@ -199,7 +214,7 @@ async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
     return _finish(book, "failed", f"The agent did not finish within {get_settings().agent_max_turns} turns.")
 
 
-async def _act_on(book: RunBook, calls: list[ToolCall]) -> list[ActionRecord]:
+async def _act_on(book: RunBook, calls: list[ToolCall], policies: list[PolicyAnswer | None]) -> list[ActionRecord]:
     """The turn's actions in the order of `calls`: unreadable calls (e.g. arguments that are not JSON)
     are recorded as `invalid` first, without reaching a tool; the rest go to `handle_turn` together."""
     unreadable: dict[int, ActionRecord] = {}
@@ -211,8 +226,9 @@ async def _act_on(book: RunBook, calls: list[ToolCall]) -> list[ActionRecord]:
             )
             book.state.actions.append(unreadable[position])
     book.save()
-    readable = [call for call in calls if call.problem is None]
-    handled = iter(await handle_turn(book, readable) if readable else [])
+    readable = [p for p, call in enumerate(calls) if call.problem is None]
+    answers = [policies[p] for p in readable]
+    handled = iter(await handle_turn(book, [calls[p] for p in readable], answers) if readable else [])
     return [unreadable[p] if p in unreadable else next(handled) for p in range(len(calls))]
 
 
@@ -277,7 +293,7 @@ async def status(ctx: WorkflowSharedContext) -> RunStatus:
         phase=state.phase,
         goal=state.goal,
         requester=state.requester,
-        model=state.model,
+        model=state.model or None,
         pending=pending,
         approvals=list(state.approvals.values()),
         history=state.actions,

@@ -64,7 +64,7 @@ class AgentTask(Strict):
     requester: str = Field(pattern=EMAIL_PATTERN)
     tenant: str = Field(default="default", pattern=NAME_PATTERN)
     model: str | None = Field(default=None, max_length=120)
-    script: list[ScriptStep] | None = Field(default=None, max_length=50)
+    script: list[ScriptStep] | None = Field(default=None, max_length=200)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
 
     # Set only by the input serde when the request body did not validate; see agent_run.TaskSerde.

@@ -205,7 +205,7 @@ def test_scrubbed_keeps_the_signature_the_sdk_reads_for_its_serde() -> None:
 
     from handlers.agent_run import _model_turn
 
-    assert inspect.signature(_model_turn, eval_str=True).return_annotation.__name__ == "AssistantTurn"
+    assert inspect.signature(_model_turn, eval_str=True).return_annotation.__name__ == "Turn"
     assert inspect.iscoroutinefunction(scrubbed(async_noop)) and not inspect.iscoroutinefunction(scrubbed(len))
 
 
