@@ -18,7 +18,7 @@ from restate import DurablePromise, RunOptions, TerminalError, WorkflowContext, 
 from restate.exceptions import RetryableError
 from restate.serde import Serde
 
-from handlers import confirm, links, retention
+from handlers import confirm, ledger, links, retention
 from handlers.actions import PolicyAnswer, RunMustFail, ask_policy, handle_turn
 from handlers.contract import (
     ActionRecord,
@@ -156,12 +156,23 @@ def _check_task(run_id: str, task: AgentTask) -> None:
 async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
     """Run the agent loop until the model answers, the run is cancelled, or the turn budget ends."""
     _check_task(ctx.key(), task)
-    model_id = task.model
     book = RunBook(
         ctx,
-        RunState(run_id=ctx.key(), tenant=task.tenant, goal=task.goal, requester=task.requester, model=model_id or ""),
+        RunState(
+            run_id=ctx.key(), tenant=task.tenant, goal=task.goal, requester=task.requester, model=task.model or ""
+        ),
     )
     book.save()
+    try:
+        return await _agent_loop(ctx, task, book)
+    except TerminalError as exc:
+        if is_cancellation(exc):  # a hard cancel: what was audited until now still reaches the trail
+            ledger.flush(book)
+        raise
+
+
+async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> RunResult:
+    model_id = task.model
     transcript = Transcript(goal=task.goal, requester=task.requester)
     cancel = ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest)
 
@@ -254,6 +265,7 @@ def _finish(book: RunBook, status: str, answer: str) -> RunResult:
     book.state.phase = status  # type: ignore[assignment]
     book.state.answer = answer
     book.save()
+    ledger.flush(book)
     return RunResult(
         run_id=book.state.run_id,
         status=status,  # type: ignore[arg-type]

@@ -42,6 +42,12 @@ class AuditEntry(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict)
 
 
+class AuditEntries(BaseModel):
+    """Several entries for one approval, appended in order by one call."""
+
+    entries: list[AuditEntry]
+
+
 class ChainedEntry(AuditEntry):
     seq: int
     prev: str
@@ -90,12 +96,29 @@ _KEY = "log"
 @approval_audit.handler(name="append", journal_retention=retention.NO_JOURNAL)
 async def append(ctx: ObjectContext, entry: AuditEntry) -> ChainedEntry:
     log = await ctx.get(_KEY, type_hint=AuditLog) or AuditLog(approval_id=ctx.key())
+    known = len(log.entries)
+    chained = _append(log, entry)
+    if len(log.entries) > known:
+        ctx.set(_KEY, log)
+    return chained
+
+
+@approval_audit.handler(name="append_all", journal_retention=retention.NO_JOURNAL)
+async def append_all(ctx: ObjectContext, batch: AuditEntries) -> None:
+    log = await ctx.get(_KEY, type_hint=AuditLog) or AuditLog(approval_id=ctx.key())
+    known = len(log.entries)
+    for entry in batch.entries:
+        _append(log, entry)
+    if len(log.entries) > known:
+        ctx.set(_KEY, log)
+
+
+def _append(log: AuditLog, entry: AuditEntry) -> ChainedEntry:
     for existing in log.entries:
         if existing.entry_id == entry.entry_id:
             return existing
     chained = chain(log.head, len(log.entries), entry)
     log.entries.append(chained)
-    ctx.set(_KEY, log)
     return chained
 
 

@@ -96,6 +96,7 @@ async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateRes
         result = await _act(book, gated, waiter, final)
         await _tell_requester(book, waiter.record, result.action)
         results.append(result)
+    ledger.flush(book)
     return results
 
 

@@ -2,13 +2,15 @@
 
 Guarantee: every notice is a journaled one-way send from the run (exactly-once delivery through
 Restate) with a deterministic audit entry id, so replays and retries neither lose nor repeat one.
+Inbox and trust notices go at once; audit entries are sent together by `flush`, which the run calls
+before it waits for a person and when it ends, so the trail is complete whenever the run is idle.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from handlers.audit import AuditEntry, AuditKind, append
+from handlers.audit import AuditEntries, AuditEntry, AuditKind, append_all
 from handlers.contract import ActionRecord, ApprovalRecord
 from handlers.inbox import InboxChange, InboxEntry, InboxEvent, apply
 from handlers.run_state import RunBook
@@ -55,7 +57,17 @@ def audit(
         actor=actor,
         details=details,
     )
-    book.ctx.object_send(append, key=record_.approval_id, arg=entry)
+    book.unsent_audit.append(entry)
+
+
+def flush(book: RunBook) -> None:
+    """Send the audit entries held back so far: one call per approval, in the order they happened."""
+    by_approval: dict[str, list[AuditEntry]] = {}
+    for entry in book.unsent_audit:
+        by_approval.setdefault(entry.approval_id, []).append(entry)
+    for approval_id, entries in by_approval.items():
+        book.ctx.object_send(append_all, key=approval_id, arg=AuditEntries(entries=entries))
+    book.unsent_audit.clear()
 
 
 def requested(book: RunBook, record_: ApprovalRecord) -> None:
@@ -131,7 +143,9 @@ def emailed(book: RunBook, record_: ApprovalRecord, slot: int, kind: str, provid
 
 
 def closed(book: RunBook, record_: ApprovalRecord, slots: list[int], why: str) -> None:
-    inbox(book, record_, "remove", slots, why=why)
+    """Off the inboxes of those still deciding (`voted` already took off those who decided)."""
+    decided = {v.slot for v in record_.votes if v.round == record_.round and v.kind in ("approve", "reject")}
+    inbox(book, record_, "remove", [s for s in slots if s not in decided], why=why)
 
 
 def finished(book: RunBook, record_: ApprovalRecord, action: ActionRecord, at: float) -> None:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from restate import WorkflowContext, WorkflowSharedContext
 from restate.serde import BytesSerde
 
+from handlers.audit import AuditEntry
 from handlers.contract import ActionRecord, ApprovalRecord, Phase
 
 HEADER_KEY = "run"
@@ -65,11 +66,13 @@ def _header_of(state: RunState) -> RunHeader:
 
 class RunBook:
     """The run's state plus the context that persists it; `save` after every transition.
-    Actions are append-only; approvals may change in place and are compared with what was saved."""
+    Actions are append-only; approvals may change in place and are compared with what was saved.
+    `unsent_audit` holds audit entries until `handlers.ledger.flush` sends them."""
 
     def __init__(self, ctx: WorkflowContext, state: RunState) -> None:
         self.ctx = ctx
         self.state = state
+        self.unsent_audit: list[AuditEntry] = []
         self._saved_header = b""
         self._saved_approvals: dict[str, bytes] = {}
         self._saved_actions = 0

@@ -285,6 +285,7 @@ async def wait_all(book: RunBook, waiters: list[Waiter], mail_kind: MailKind) ->
         at, due = min((next_event(waiters[i].record, waiters[i].policy)[0], i) for i in pending)
         futures["timer"] = book.ctx.sleep(timedelta(seconds=max(0.0, at - clock)))
         futures["cancel"] = cancelled
+        ledger.flush(book)
         name, value = await restate.select(**futures)
         if name == "cancel":
             for i in pending:

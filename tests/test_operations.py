@@ -59,15 +59,21 @@ def test_bookkeeping_keeps_its_state_but_no_journal(
 ) -> None:
     ingress.start_run(run_id, refund_task(new_order(demo_db, 100000)))
     [mail] = wait_for_email(outbox_dir, run_id)
-    assert submit(mail.link, "approve").status_code == 200
-    assert ingress.wait_output(run_id).json()["status"] == "completed"
     approval = f"{run_id}-a0"
 
-    def audited() -> list[Any] | None:
+    def audited(last: str) -> list[Any] | None:
         kinds = [e["kind"] for e in ingress.call("ApprovalAudit", approval, "entries", None).json()["entries"]]
-        return kinds if "executed" in kinds else None
+        return kinds if last in kinds else None
 
-    assert wait_until(audited, 20, "the audit trail to record the execution")[0] == "requested"
+    # Sent together before the run waits for the approver, not after.
+    assert wait_until(lambda: audited("email_accepted"), 20, "the request in the trail") == [
+        "requested",
+        "email_accepted",
+    ]
+    assert submit(mail.link, "approve").status_code == 200
+    assert ingress.wait_output(run_id).json()["status"] == "completed"
+    kinds = wait_until(lambda: audited("outcome"), 20, "the audit trail to record the outcome")
+    assert kinds[-3:] == ["decided", "executed", "outcome"], kinds
     journals = restate_server.sql(
         "select i.target_service_name as service, count(*) as entries from sys_journal j"
         " join sys_invocation i on i.id = j.id"
