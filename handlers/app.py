@@ -1,4 +1,4 @@
-"""The one ASGI app: the Restate endpoint under `/restate`, the approval pages, the Resend webhook and
+"""The one ASGI app: the Restate endpoint under `/restate/`, the approval pages, the Resend webhook and
 `/healthz`.
 
 Guarantee: any error a page handler did not expect becomes a uniform 500 page with no detail, every
@@ -20,7 +20,8 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from handlers.agent_run import agent_run
 from handlers.audit import approval_audit
@@ -29,7 +30,7 @@ from handlers.delivery import email_delivery
 from handlers.inbox import approval_inbox
 from handlers.settings import Settings
 from handlers.trust import tool_stats, trust_ramp
-from handlers.web.hardening import SecurityHeaders, http_error
+from handlers.web.hardening import RESTATE_PREFIX, SecurityHeaders, http_error
 from handlers.web.inbox_page import InboxPage
 from handlers.web.pages import ApprovalPages
 from handlers.web.runs_client import runs_client
@@ -64,25 +65,35 @@ async def unexpected(_: Request, exc: Exception) -> Response:
     return notice(500, "Something went wrong", "Nothing was decided. Please try again in a minute.")
 
 
-def create_app(settings: Settings) -> Starlette:
+def create_app(settings: Settings) -> ASGIApp:
+    """`/restate/...` goes straight to the SDK; Starlette (pages, webhook, health) gets the rest.
+    Mounted inside Starlette, every frame the SDK streams would pass through its middleware layers."""
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with runs_client(settings.restate_ingress_url, journal_codec(settings)) as client:
             app.state.runs = client
             yield
 
-    app = Starlette(
+    pages = Starlette(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
             *ApprovalPages(settings).routes(),
             *ResendWebhooks(settings).routes(),
             *InboxPage(settings).routes(),
-            Mount("/restate", app=restate_endpoint(settings)),
         ],
         lifespan=lifespan,
         middleware=[Middleware(SecurityHeaders)],
         exception_handlers={HTTPException: http_error, Exception: unexpected},
     )
     # No redirects at all: Starlette would build the slash-redirect's Location from the Host header.
-    app.router.redirect_slashes = False
+    pages.router.redirect_slashes = False
+    endpoint = restate_endpoint(settings)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and str(scope["path"]).startswith(RESTATE_PREFIX + "/"):
+            await endpoint({**scope, "root_path": scope.get("root_path", "") + RESTATE_PREFIX}, receive, send)
+        else:
+            await pages(scope, receive, send)
+
     return app
