@@ -98,6 +98,15 @@ class Driver:
                 raise BenchError(f"{len(missing)} {subject.name} runs did not suspend within {self.plan.timeout}s")
             await asyncio.sleep(0.2)
 
+    async def wait_quiet(self) -> None:
+        """Until nothing is in flight but suspended runs (e.g. the inbox and audit calls they sent)."""
+        deadline = time.monotonic() + self.plan.timeout
+        query = "select count(*) as n from sys_invocation where status not in ('suspended', 'completed')"
+        while int((await asyncio.to_thread(self.stack.restate.sql, query))[0]["n"]):
+            if time.monotonic() > deadline:
+                raise BenchError(f"invocations still in flight after {self.plan.timeout}s")
+            await asyncio.sleep(0.2)
+
     async def count_suspended(self, subject: Subject) -> int:
         query = (
             "select count(*) as n from sys_invocation where target_service_name = "  # noqa: S608

@@ -4,7 +4,7 @@ Guarantee: runs are started by a closed loop of `concurrency` workers (each star
 its approval notification before starting the next), so the offered load is bounded. They run on a
 restate-server per system (both handler deployments registered), so a data dir holds nothing but
 one system's paused runs and what they caused; disk, Restate's own byte counts and memory are read only once
-every run of the batch is suspended and the data dir has stopped changing.
+every run of the batch is suspended, nothing else is in flight, and the data dir has stopped changing.
 """
 
 from __future__ import annotations
@@ -99,6 +99,7 @@ async def _measure(d: Driver, drivers: dict[str, Driver]) -> dict[str, Any]:
             with cpu.block():
                 seconds = await _closed_loop(own, subject, tasks)
                 await own.wait_suspended(subject, ids)
+                await own.wait_quiet()
             point = _for(subject, await _reading(own), size)
             point["batch_seconds"] = round(seconds, 3)
             point["batch_per_second"] = round(batch / seconds, 2)
@@ -152,7 +153,8 @@ def _cost(d: Driver, sizes: tuple[int, ...], points: dict[str, list[dict[str, An
     cost["met"] = cs["disk_bytes_per_run"] <= DISK_TARGET_BYTES and cs["rss_growth_fraction"] <= RSS_FLAT_FRACTION
     cost["how"] = (
         "on a restate-server per system holding only its paused runs: `du` (allocated blocks, server log "
-        "excluded) of the data dir once every run of the batch is suspended and the dir stopped changing; disk "
+        "excluded) of the data dir once every run of the batch is suspended, no other invocation is in flight and "
+        "the dir stopped changing; disk "
         "bytes per run = growth from the idle server / paused runs. restate_bytes = Restate's own count of "
         "journal bytes (sys_journal.raw_length) plus state bytes, of the system's services (Countersign: AgentRun "
         "and the objects its runs notify). RSS growth: handler VmRSS at the last size vs the first (vs idle with "

@@ -1,10 +1,10 @@
 """The workflow state of one run: what `status` shows and what `decide` verifies against.
 
 Guarantee: only `AgentRun.run` writes it (shared handlers can only read). Each approval and each
-action is stored under its own key and written only when it changed, so a step costs the journal
-what it changed, not the size of the run. Items are written before the header that lists them, so a
-reader that finds an id in the header finds its record. A run stored whole under `run` by an earlier
-release still reads.
+action is stored under its own key (default values left out) and written only when it changed, so a
+step costs the journal what it changed, not the size of the run. Items are written before the header
+that lists them, so a reader that finds an id in the header finds its record. A run stored whole
+under `run` by an earlier release still reads.
 """
 
 from __future__ import annotations
@@ -79,14 +79,15 @@ class RunBook:
 
     def save(self) -> None:
         for approval_id, record in self.state.approvals.items():
-            raw = record.model_dump_json().encode()
+            raw = record.model_dump_json(exclude_defaults=True).encode()
             if self._saved_approvals.get(approval_id) != raw:
                 self.ctx.set(approval_key(approval_id), raw, serde=_RAW)
                 self._saved_approvals[approval_id] = raw
         for position in range(self._saved_actions, len(self.state.actions)):
-            self.ctx.set(action_key(position), self.state.actions[position].model_dump_json().encode(), serde=_RAW)
+            action = self.state.actions[position].model_dump_json(exclude_defaults=True).encode()
+            self.ctx.set(action_key(position), action, serde=_RAW)
         self._saved_actions = len(self.state.actions)
-        header = _header_of(self.state).model_dump_json(exclude={"approvals", "actions"}).encode()
+        header = _header_of(self.state).model_dump_json(exclude_defaults=True).encode()
         if header != self._saved_header:
             self.ctx.set(HEADER_KEY, header, serde=_RAW)
             self._saved_header = header
