@@ -7,6 +7,7 @@ checked with SQL, and the schema plus seed data are created on first use (idempo
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,24 +65,36 @@ SEED_ORDERS = [
 
 
 _READY: set[Path] = set()
+_THREAD = threading.local()
 
 
 @contextmanager
 def connect(path: Path) -> Iterator[sqlite3.Connection]:
-    """A connection in autocommit mode; callers open `BEGIN IMMEDIATE` for writes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+    """This thread's connection to `path`, in autocommit mode; callers open `BEGIN IMMEDIATE` for
+    writes. Kept open for the thread's next call (opening one cost as much as the tool's query);
+    a transaction a failure left open is rolled back."""
+    connections: dict[Path, sqlite3.Connection] = _THREAD.__dict__.setdefault("connections", {})
+    conn = connections.get(path)
+    if conn is None:
+        conn = connections[path] = _open(path)
     try:
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA foreign_keys=ON")
-        if path not in _READY:
-            # WAL is a property of the file, so once per process is enough (it costs 0.2 ms a connection).
-            conn.execute("PRAGMA journal_mode=WAL")
-            _ensure_schema(conn)
-            _READY.add(path)
         yield conn
     finally:
-        conn.close()
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA foreign_keys=ON")
+    if path not in _READY:
+        # WAL is a property of the file, so once per process is enough.
+        conn.execute("PRAGMA journal_mode=WAL")
+        _ensure_schema(conn)
+        _READY.add(path)
+    return conn
 
 
 def _ensure_schema(conn: sqlite3.Connection) -> None:
