@@ -2,8 +2,9 @@
 
 Guarantee: every notice is a journaled one-way send from the run (exactly-once delivery through
 Restate) with a deterministic audit entry id, so replays and retries neither lose nor repeat one.
-Inbox and trust notices go at once; audit entries are sent together by `flush`, which the run calls
-before it waits for a person and when it ends, so the trail is complete whenever the run is idle.
+Inbox and trust notices go at once; audit entries are held and sent together by `flush`, which the
+run calls before it waits for a person, after each turn's approvals, when it ends and on a hard
+cancel (an email step still retrying holds back the entries since the last flush).
 """
 
 from __future__ import annotations
