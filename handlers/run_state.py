@@ -31,28 +31,29 @@ def action_key(position: int) -> str:
     return f"action:{position}"
 
 
-class RunState(BaseModel):
+class RunFacts(BaseModel):
+    """What a run is and where it stands, apart from its approvals and actions."""
+
     run_id: str
     tenant: str
     goal: str
     requester: str
     model: str
     phase: Phase = "planning"
+    answer: str | None = None
+
+
+_FACTS = set(RunFacts.model_fields)
+
+
+class RunState(RunFacts):
     approvals: dict[str, ApprovalRecord] = Field(default_factory=dict)
     actions: list[ActionRecord] = Field(default_factory=list)
-    answer: str | None = None
 
 
-class RunHeader(BaseModel):
+class RunHeader(RunFacts):
     """The stored head of a run; `approvals`/`actions` are only present in the whole-run layout."""
 
-    run_id: str
-    tenant: str
-    goal: str
-    requester: str
-    model: str
-    phase: Phase = "planning"
-    answer: str | None = None
     approval_ids: list[str] = Field(default_factory=list)
     action_count: int = 0
     approvals: dict[str, ApprovalRecord] | None = None
@@ -60,8 +61,8 @@ class RunHeader(BaseModel):
 
 
 def _header_of(state: RunState) -> RunHeader:
-    fields = state.model_dump(exclude={"approvals", "actions"})
-    return RunHeader(**fields, approval_ids=list(state.approvals), action_count=len(state.actions))
+    facts = state.model_dump(include=_FACTS)
+    return RunHeader(**facts, approval_ids=list(state.approvals), action_count=len(state.actions))
 
 
 class RunBook:
@@ -143,5 +144,5 @@ def assemble(values: dict[str, bytes]) -> RunState | None:
 
 
 def _assembled(header: RunHeader, approvals: dict[str, ApprovalRecord], actions: Iterable[ActionRecord]) -> RunState:
-    fields: dict[str, Any] = header.model_dump(exclude={"approval_ids", "action_count", "approvals", "actions"})
-    return RunState(**fields, approvals=approvals, actions=list(actions))
+    facts: dict[str, Any] = header.model_dump(include=_FACTS)
+    return RunState(**facts, approvals=approvals, actions=list(actions))
