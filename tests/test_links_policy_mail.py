@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from support.records import approval_record
 
 from handlers import links
 from handlers.contract import ApprovalRecord
@@ -21,26 +22,7 @@ KEYS = {"k1": b"a" * 32, "k0": b"b" * 32}
 
 
 def record(**changes: object) -> ApprovalRecord:
-    base = ApprovalRecord(
-        approval_id="run-1-a2",
-        run_id="run-1",
-        tenant="default",
-        index=2,
-        tool="issue_refund",
-        args={"order_id": 1, "amount_usd": "600.00"},
-        digest="d" * 64,
-        summary="Refund",
-        why="",
-        policy="p",
-        requester="r@example.com",
-        approvers=["a@example.com", "b@example.com"],
-        active_slots=[0, 1],
-        nonces=["n1"],
-        requested_at=1000.0,
-        round_started_at=1000.0,
-        deadline=2000.0,
-    )
-    return base.model_copy(update=changes)
+    return approval_record(**changes)
 
 
 def test_a_minted_token_checks_and_carries_no_personal_data() -> None:

@@ -18,6 +18,7 @@ from starlette.testclient import TestClient
 from support.approver import LINK, open_page
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, free_port, wait_until
+from support.records import approval_record
 
 from handlers.agent_run import agent_run
 from handlers.contract import ApprovalRecord, Vote
@@ -110,26 +111,8 @@ def test_without_a_secret_the_route_refuses_everything() -> None:
 
 
 def pending_record(**changes: object) -> ApprovalRecord:
-    base = ApprovalRecord(
-        approval_id="run-1-a0",
-        run_id="run-1",
-        tenant="default",
-        index=0,
-        tool="issue_refund",
-        args={},
-        digest="d" * 64,
-        summary="Refund",
-        why="",
-        policy="p",
-        requester="r@example.com",
-        approvers=["a@example.com", "b@example.com"],
-        active_slots=[0, 1],
-        nonces=["n"],
-        requested_at=1.0,
-        round_started_at=1.0,
-        deadline=2.0,
-    )
-    return base.model_copy(update=changes)
+    first: dict[str, object] = {"approval_id": "run-1-a0", "index": 0, "args": {}, "nonces": ["n"]}
+    return approval_record(**{**first, "requested_at": 1.0, "round_started_at": 1.0, "deadline": 2.0, **changes})
 
 
 def failure(slots: list[int], round_: int = 1) -> DeliveryFailure:

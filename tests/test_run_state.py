@@ -8,6 +8,7 @@ from typing import Any
 
 from support.business import new_order
 from support.processes import AppServer, Ingress, RestateServer
+from support.records import approval_record
 
 from handlers.contract import ActionRecord, ApprovalRecord, Outcome
 from handlers.run_state import HEADER_KEY, RunState, action_key, approval_key, assemble
@@ -48,25 +49,7 @@ def test_state_written_per_step_does_not_grow_with_the_run(
 
 
 def _approval(run_id: str) -> ApprovalRecord:
-    return ApprovalRecord(
-        approval_id=f"{run_id}-a0",
-        run_id=run_id,
-        tenant="acme",
-        index=0,
-        tool="issue_refund",
-        args={"order_id": 7},
-        digest="d" * 64,
-        summary="Refund order 7",
-        why="late",
-        policy="issue_refund: finance approves",
-        requester="alice@example.com",
-        approvers=["finance@example.com"],
-        active_slots=[0],
-        nonces=["n"],
-        requested_at=1.0,
-        round_started_at=1.0,
-        deadline=2.0,
-    )
+    return approval_record(approval_id=f"{run_id}-a0", run_id=run_id, tenant="acme", index=0)
 
 
 def _state() -> RunState:

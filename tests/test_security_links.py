@@ -14,6 +14,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from support.records import approval_record
 
 from handlers import links
 from handlers.contract import ApprovalRecord
@@ -25,26 +26,7 @@ NOW = 1500.0
 
 
 def record(**changes: object) -> ApprovalRecord:
-    base = ApprovalRecord(
-        approval_id="run-1-a2",
-        run_id="run-1",
-        tenant="acme",
-        index=2,
-        tool="issue_refund",
-        args={"order_id": 1, "amount_usd": "600.00"},
-        digest="d" * 64,
-        summary="Refund",
-        why="",
-        policy="p",
-        requester="r@example.com",
-        approvers=["a@example.com", "b@example.com"],
-        active_slots=[0, 1],
-        nonces=["n1"],
-        requested_at=1000.0,
-        round_started_at=1000.0,
-        deadline=2000.0,
-    )
-    return base.model_copy(update=changes)
+    return approval_record(**{"tenant": "acme", **changes})
 
 
 def b64(raw: bytes) -> str:
