@@ -14,7 +14,9 @@ from typing import Any, Protocol
 
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Playwright, sync_playwright
-from support.processes import REPO
+from support.processes import REPO, AppServer, Ingress
+
+from browser.scenario import PendingRefund, start_pending_refund
 
 CHROMIUM = Path(os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium"))
 CHROMIUM_FLAGS = [
@@ -40,6 +42,22 @@ ACTION_TIMEOUT_MS = 15_000
 
 class ContextFactory(Protocol):
     def __call__(self, **options: Any) -> BrowserContext: ...
+
+
+class RefundStarter(Protocol):
+    def __call__(self, amount: str = "612.40") -> PendingRefund: ...
+
+
+@pytest.fixture
+def pending_refund(
+    app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> RefundStarter:
+    """Starts this test's refund run (of `amount` USD) and returns it once its approval email is out."""
+
+    def start(amount: str = "612.40") -> PendingRefund:
+        return start_pending_refund(ingress, demo_db, outbox_dir, run_id, amount)
+
+    return start
 
 
 @pytest.fixture(scope="session")

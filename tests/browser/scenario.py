@@ -44,7 +44,7 @@ def refund_task(order: int, amount: str) -> dict[str, Any]:
     }
 
 
-def pending_refund(ingress: Ingress, demo_db: Path, outbox: Path, run_id: str, amount: str = "612.40") -> PendingRefund:
+def start_pending_refund(ingress: Ingress, demo_db: Path, outbox: Path, run_id: str, amount: str) -> PendingRefund:
     order = new_order(demo_db, 100_000)
     started = ingress.start_run(run_id, refund_task(order, amount))
     assert started.status_code == 202, started.text

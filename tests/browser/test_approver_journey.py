@@ -12,21 +12,21 @@ from support.business import refunds_for
 from support.processes import AppServer, Ingress
 
 from browser.approval_page import ApprovalPage, open_email
-from browser.conftest import ContextFactory
-from browser.scenario import WHY, pending_refund
+from browser.conftest import ContextFactory, RefundStarter
+from browser.scenario import WHY
 
 
 def test_approve_from_the_email_runs_the_refund_once(
     app_server: AppServer,
     ingress: Ingress,
-    outbox_dir: Path,
     demo_db: Path,
     run_id: str,
     new_context: ContextFactory,
     screenshots: Path,
     tmp_path: Path,
+    pending_refund: RefundStarter,
 ) -> None:
-    refund = pending_refund(ingress, demo_db, outbox_dir, run_id)
+    refund = pending_refund()
     context = new_context()
     email = open_email(context, refund.mail, tmp_path)
     email.screenshot(path=str(screenshots / "email-desktop.png"), full_page=True)
@@ -67,14 +67,14 @@ def test_approve_from_the_email_runs_the_refund_once(
 def test_reject_with_a_reason_from_the_email(
     app_server: AppServer,
     ingress: Ingress,
-    outbox_dir: Path,
     demo_db: Path,
     run_id: str,
     new_context: ContextFactory,
     screenshots: Path,
     tmp_path: Path,
+    pending_refund: RefundStarter,
 ) -> None:
-    refund = pending_refund(ingress, demo_db, outbox_dir, run_id, amount="850.00")
+    refund = pending_refund(amount="850.00")
     email = open_email(new_context(), refund.mail, tmp_path)
     approval = ApprovalPage.from_email(email, "Review and reject")
     assert approval.page.evaluate("document.activeElement.id") == "reason", "rejecting starts at the reason"
@@ -98,13 +98,13 @@ def test_reject_with_a_reason_from_the_email(
 def test_edit_the_amount_then_approve_runs_the_lower_refund(
     app_server: AppServer,
     ingress: Ingress,
-    outbox_dir: Path,
     demo_db: Path,
     run_id: str,
     new_context: ContextFactory,
     screenshots: Path,
+    pending_refund: RefundStarter,
 ) -> None:
-    refund = pending_refund(ingress, demo_db, outbox_dir, run_id, amount="700.00")
+    refund = pending_refund(amount="700.00")
     approval = ApprovalPage.open(new_context(), refund.mail.link)
     field = approval.edit_field("amount_usd")
     assert field.input_value() == "700.00"

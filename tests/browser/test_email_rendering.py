@@ -7,12 +7,12 @@ import re
 from pathlib import Path
 
 from playwright.sync_api import Route
-from support.processes import AppServer, Ingress
+from support.processes import Ingress
 
 from browser.approval_page import open_email
 from browser.audits import horizontal_overflow, low_contrast_text, text_smaller_than
-from browser.conftest import PHONE, PHONE_WIDTH, ContextFactory
-from browser.scenario import WHY, pending_refund
+from browser.conftest import PHONE, PHONE_WIDTH, ContextFactory, RefundStarter
+from browser.scenario import WHY
 
 
 def _no_images(route: Route) -> None:
@@ -23,16 +23,12 @@ def _no_images(route: Route) -> None:
 
 
 def test_email_html_is_legible_on_a_phone_with_images_off(
-    app_server: AppServer,
-    ingress: Ingress,
-    outbox_dir: Path,
-    demo_db: Path,
-    run_id: str,
     new_context: ContextFactory,
     screenshots: Path,
     tmp_path: Path,
+    pending_refund: RefundStarter,
 ) -> None:
-    refund = pending_refund(ingress, demo_db, outbox_dir, run_id)
+    refund = pending_refund()
     context = new_context(**PHONE)
     context.route("**/*", _no_images)
     email = open_email(context, refund.mail, tmp_path)
@@ -51,15 +47,13 @@ def test_email_html_is_legible_on_a_phone_with_images_off(
 
 
 def test_email_text_part_has_the_same_facts_and_links_as_the_html(
-    app_server: AppServer,
     ingress: Ingress,
-    outbox_dir: Path,
-    demo_db: Path,
     run_id: str,
     new_context: ContextFactory,
     tmp_path: Path,
+    pending_refund: RefundStarter,
 ) -> None:
-    refund = pending_refund(ingress, demo_db, outbox_dir, run_id)
+    refund = pending_refund()
     [pending] = ingress.status(run_id)["pending"]
     email = open_email(new_context(), refund.mail, tmp_path)
     shown = email.inner_text("body")

@@ -10,20 +10,16 @@ from support.processes import AppServer, Ingress
 
 from browser.approval_page import ApprovalPage
 from browser.audits import bottom_of, horizontal_overflow, low_contrast_text, text_smaller_than, unlabelled_controls
-from browser.conftest import PHONE, PHONE_HEIGHT, ContextFactory
-from browser.scenario import WHY, pending_refund
+from browser.conftest import PHONE, PHONE_HEIGHT, ContextFactory, RefundStarter
+from browser.scenario import WHY
 
 
 def test_phone_shows_the_whole_decision_above_the_fold(
-    app_server: AppServer,
-    ingress: Ingress,
-    outbox_dir: Path,
-    demo_db: Path,
-    run_id: str,
     new_context: ContextFactory,
     screenshots: Path,
+    pending_refund: RefundStarter,
 ) -> None:
-    refund = pending_refund(ingress, demo_db, outbox_dir, run_id)
+    refund = pending_refund()
     approval = ApprovalPage.open(new_context(**PHONE), refund.mail.link)
     page = approval.page
     approval.screenshot(screenshots, "confirm-phone-fold", full_page=False)
@@ -56,13 +52,12 @@ def test_phone_shows_the_whole_decision_above_the_fold(
 def test_keyboard_only_approve_with_enter(
     app_server: AppServer,
     ingress: Ingress,
-    outbox_dir: Path,
-    demo_db: Path,
     run_id: str,
     new_context: ContextFactory,
     screenshots: Path,
+    pending_refund: RefundStarter,
 ) -> None:
-    refund = pending_refund(ingress, demo_db, outbox_dir, run_id)
+    refund = pending_refund()
     approval = ApprovalPage.open(new_context(), refund.mail.link)
     presses = approval.tab_to(approval.approve_button)
     assert presses <= 4, "Approve is a few Tab presses from the top"
@@ -79,13 +74,12 @@ def test_keyboard_only_approve_with_enter(
 def test_keyboard_only_reject_with_a_typed_reason_and_space(
     app_server: AppServer,
     ingress: Ingress,
-    outbox_dir: Path,
-    demo_db: Path,
     run_id: str,
     new_context: ContextFactory,
     screenshots: Path,
+    pending_refund: RefundStarter,
 ) -> None:
-    refund = pending_refund(ingress, demo_db, outbox_dir, run_id)
+    refund = pending_refund()
     approval = ApprovalPage.open(new_context(), refund.mail.link)
     approval.tab_to(approval.reason_box)
     style, width = approval.focus_ring()
@@ -102,14 +96,10 @@ def test_keyboard_only_reject_with_a_typed_reason_and_space(
 
 
 def test_page_is_labelled_readable_and_script_free(
-    app_server: AppServer,
-    ingress: Ingress,
-    outbox_dir: Path,
-    demo_db: Path,
-    run_id: str,
     new_context: ContextFactory,
+    pending_refund: RefundStarter,
 ) -> None:
-    refund = pending_refund(ingress, demo_db, outbox_dir, run_id)
+    refund = pending_refund()
     context = new_context(**PHONE)
     approval = ApprovalPage.open(context, refund.mail.link)
     page = approval.page

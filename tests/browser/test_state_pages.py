@@ -15,20 +15,20 @@ from support.processes import AppServer, Ingress, StackFactory
 
 from browser.approval_page import ApprovalPage
 from browser.audits import horizontal_overflow
-from browser.conftest import PHONE, ContextFactory
-from browser.scenario import pending_refund, refund_task
+from browser.conftest import PHONE, ContextFactory, RefundStarter
+from browser.scenario import refund_task
 
 
 def test_a_stale_tab_pressed_after_the_decision_changes_nothing(
     app_server: AppServer,
     ingress: Ingress,
-    outbox_dir: Path,
     demo_db: Path,
     run_id: str,
     new_context: ContextFactory,
     screenshots: Path,
+    pending_refund: RefundStarter,
 ) -> None:
-    refund = pending_refund(ingress, demo_db, outbox_dir, run_id)
+    refund = pending_refund()
     context = new_context()
     first, stale = ApprovalPage.open(context, refund.mail.link), ApprovalPage.open(context, refund.mail.link)
     assert first.approve().status == 200
@@ -45,15 +45,13 @@ def test_a_stale_tab_pressed_after_the_decision_changes_nothing(
 
 
 def test_cancelled_run_page(
-    app_server: AppServer,
     ingress: Ingress,
-    outbox_dir: Path,
-    demo_db: Path,
     run_id: str,
     new_context: ContextFactory,
     screenshots: Path,
+    pending_refund: RefundStarter,
 ) -> None:
-    refund = pending_refund(ingress, demo_db, outbox_dir, run_id)
+    refund = pending_refund()
     assert ingress.call("AgentRun", run_id, "cancel", {"reason": "customer withdrew the claim"}).status_code == 200
     assert ingress.wait_output(run_id).json()["status"] == "cancelled"
 
@@ -103,18 +101,16 @@ def test_expired_approval_page(
     ids=["forged-tag", "truncated"],
 )
 def test_invalid_link_page_says_nothing_was_decided(
-    app_server: AppServer,
     ingress: Ingress,
-    outbox_dir: Path,
-    demo_db: Path,
     run_id: str,
     new_context: ContextFactory,
     screenshots: Path,
     mangle: object,
     status: int,
     name: str,
+    pending_refund: RefundStarter,
 ) -> None:
-    refund = pending_refund(ingress, demo_db, outbox_dir, run_id)
+    refund = pending_refund()
     base, token = refund.mail.link.rsplit("/", 1)
     page = new_context().new_page()
     response = page.goto(f"{base}/{mangle(token)}")  # type: ignore[operator]
