@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ValidationError
 
+from handlers.approval_calls import GatedCall, approve_and_act, run_alone
 from handlers.contract import ActionRecord, Outcome
-from handlers.execute import idempotency_key, run_tool
-from handlers.gate import GatedCall, approve_and_act
 from handlers.llm.base import ToolCall
 from handlers.policy import PolicyVerdict, evaluate
 from handlers.rounds import Opening, open_round
@@ -72,18 +71,20 @@ async def handle_turn(book: RunBook, calls: list[ToolCall], answers: list[Policy
             done[index] = _invalid(call, index, "the tool changed since this call was proposed; propose it again")
             continue
         if answer.opening is not None:
-            gated.append(GatedCall(tool, call, args, index, answer.verdict, tool.summarize(validated), answer.opening))
+            summary = tool.summarize(validated)
+            gated.append(
+                GatedCall(
+                    tool=call.name,
+                    index=index,
+                    args=args,
+                    why=call.why,
+                    summary=summary,
+                    verdict=answer.verdict,
+                    opening=answer.opening,
+                )
+            )
             continue
-        run = await run_tool(book.ctx, call.name, args, index)
-        done[index] = ActionRecord(
-            index=index,
-            tool=call.name,
-            proposed_args=args,
-            args=args,
-            outcome=Outcome.AUTONOMOUS if run.ok else Outcome.FAILED,
-            result=run.result if run.ok else {"error": run.error},
-            idempotency_key=idempotency_key(book.state.run_id, index),
-        )
+        done[index] = await run_alone(book.ctx, call.name, args, book.state.run_id, index)
     failure = None
     if gated:
         for result in await approve_and_act(book, gated):

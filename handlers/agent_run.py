@@ -10,34 +10,37 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
 import restate
 from pydantic import BaseModel, ValidationError
-from restate import DurablePromise, RunOptions, TerminalError, WorkflowContext, WorkflowSharedContext
+from restate import RunOptions, TerminalError, WorkflowContext, WorkflowSharedContext
 from restate.exceptions import RetryableError
 from restate.serde import Serde
 
-from handlers import confirm, ledger, links, retention
+from handlers import ledger, links, retention
 from handlers.actions import PolicyAnswer, RunMustFail, ask_policy, handle_turn
+from handlers.approval_workflow import cancel as approval_cancel
+from handlers.approval_workflow import complete, pending_of, run_status
+from handlers.approval_workflow import decide as approval_decide
+from handlers.approval_workflow import delivery_failed as approval_delivery_failed
+from handlers.approval_workflow import reassign as approval_reassign
+from handlers.approval_workflow import status as approval_status
 from handlers.contract import (
     ActionRecord,
     AgentTask,
-    ApprovalRecord,
     CancelReceipt,
     CancelRequest,
     Decision,
     DecisionReceipt,
     Outcome,
-    PendingApproval,
     ReassignReceipt,
     ReassignRequest,
     RunResult,
     RunStatus,
 )
-from handlers.delivery import DeliveryFailure, slot_verdict
-from handlers.edits import EditRejected, apply_edits
-from handlers.links import LinkInvalid, LinkState
+from handlers.delivery import DeliveryFailure
+from handlers.links import LinkInvalid
 from handlers.llm import ModelUnavailable, check_model, load_model
 from handlers.llm.base import (
     AssistantTurn,
@@ -52,10 +55,10 @@ from handlers.llm.base import (
 )
 from handlers.llm.prompt import EMPTY_REPLY
 from handlers.redact import clean_failures, scrubbed
-from handlers.run_state import RunBook, RunState, load_approval, load_header, load_run
+from handlers.run_state import RunBook, RunState, load_run
 from handlers.settings import get_settings
 from handlers.tools import default_registry
-from handlers.verdict import CANCEL_PROMISE, Verdict, is_already_completed, is_cancellation, slot_promise
+from handlers.verdict import CANCEL_PROMISE, is_cancellation
 
 
 class TaskSerde(Serde[AgentTask]):
@@ -277,157 +280,39 @@ def _finish(book: RunBook, status: str, answer: str) -> RunResult:
 
 @agent_run.handler(name="status", journal_retention=retention.NO_JOURNAL)
 async def status(ctx: WorkflowSharedContext) -> RunStatus:
-    """Where the run is: phase, pending approvals with their age, and what happened so far."""
-    state = await load_run(ctx)
-    if state is None:
-        return RunStatus(run_id=ctx.key(), phase="unknown")
-    # A read-only answer that nothing decides on; journaling the clock would cost a round trip per read.
+    """Where the run is: phase, pending approvals with their age, and what happened so far. A
+    pending approval is read live from its own workflow (round, approvers, votes move there)."""
+    found = await run_status(ctx, ctx.key())
+    live = []
+    for record in found.approvals:
+        if record.state == "pending":
+            current = await ctx.workflow_call(approval_status, key=record.approval_id, arg=None)
+            record = next((a for a in current.approvals if a.approval_id == record.approval_id), record)
+        live.append(record)
     now = time.time()
-    pending = [
-        PendingApproval(
-            approval_id=a.approval_id,
-            tool=a.tool,
-            args=a.args,
-            digest=a.digest,
-            approvers=[a.approvers[s] for s in a.active_slots],
-            quorum=a.quorum,
-            approvals=len(a.approvals_in_round()),
-            round=a.round,
-            escalated=a.escalations > 0,
-            deadline=a.deadline,
-            age_seconds=round(now - a.requested_at, 3),
-        )
-        for a in state.approvals.values()
-        if a.state == "pending"
-    ]
-    return RunStatus(
-        run_id=state.run_id,
-        phase=state.phase,
-        goal=state.goal,
-        requester=state.requester,
-        model=state.model or None,
-        pending=pending,
-        approvals=list(state.approvals.values()),
-        history=state.actions,
-        answer=state.answer,
-    )
+    pending = [pending_of(a, now) for a in live if a.state == "pending"]
+    return found.model_copy(update={"approvals": live, "pending": pending})
 
 
-class LinkCheck(BaseModel):
-    """Journaled result of checking a token, so a key rotation cannot change a replayed branch."""
-
-    state: LinkState | Literal["invalid"]
-    reason: str = ""
-    status: int = 200
-    slot: int = -1
-    now: float
-
-
-def _check_link(token: str, record: ApprovalRecord) -> LinkCheck:
-    now = time.time()
-    try:
-        claims, state = links.check(token, record, get_settings().approvals_signing_keys, now)
-    except LinkInvalid as exc:
-        return LinkCheck(state="invalid", reason=exc.reason, status=exc.status, now=now)
-    return LinkCheck(state=state, slot=claims.slot, now=now)
+def _own(ctx: WorkflowSharedContext, approval_id: str) -> str:
+    """The approval id, if it is one of this run's; a 403 that decides nothing otherwise."""
+    if not approval_id.startswith(f"{ctx.key()}-a"):
+        raise TerminalError("This link is not valid.", 403)
+    return approval_id
 
 
 @agent_run.handler(name="decide")
 async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionReceipt:
-    """Record one approver's verdict. Re-verifies the link token itself; the first completion wins."""
+    """Record one approver's verdict: handed to the approval's own workflow, which re-verifies the
+    token and lets the first completion win."""
     try:
         claims = links.parse(decision.token)
     except LinkInvalid as exc:
         raise TerminalError(exc.reason, exc.status) from None
-    header = await load_header(ctx)
-    record = None
-    if header is not None and claims.run_id == ctx.key():
-        record = await load_approval(ctx, header, links.approval_id(ctx.key(), claims.index))
-    if record is None or header is None or record.tenant != header.tenant:
+    if claims.run_id != ctx.key():
         raise TerminalError("This link is not valid.", 403)
-    check = await ctx.run_typed("verify link", _check_link, token=decision.token, record=record)
-    if check.state == "invalid":
-        raise TerminalError(check.reason, check.status)
-
-    promise = ctx.promise(slot_promise(record.approval_id, claims.round, claims.slot), type_hint=Verdict)
-    if (winner := await promise.peek()) is not None:
-        return _receipt(record, winner, accepted=False)
-    if check.state == "replaced":
-        raise TerminalError("This link was replaced by a newer one; use the most recent email.", 410)
-    if check.state == "expired":
-        raise TerminalError("This link has expired.", 410)
-    reason = decision.reason.strip()
-    if decision.verdict == "reject" and not reason:
-        raise TerminalError("A reason is required to reject.", 400)
-    edits = _checked_edits(record, decision)
-    wanted = confirm.expected(record, edits) if decision.verdict == "approve" else None
-    if wanted is not None and not confirm.matches(decision.confirm, wanted):
-        raise TerminalError(confirm.REFUSAL, 400)
-    verdict = Verdict(
-        kind=decision.verdict,
-        slot=claims.slot,
-        round=claims.round,
-        digest=record.digest,
-        at=check.now,
-        by=record.approvers[claims.slot],
-        reason=reason or None,
-        edits=edits or None,
-        client=decision.client,
-    )
-    try:
-        await promise.resolve(verdict)
-    except TerminalError as exc:
-        if not is_already_completed(exc):
-            raise
-        return _receipt(record, await promise.value(), accepted=False)
-    return _receipt(record, verdict, accepted=True)
-
-
-def _checked_edits(record: ApprovalRecord, decision: Decision) -> dict[str, Any]:
-    """The fields the approver actually changed, validated; a 400 that decides nothing otherwise."""
-    proposed = {k: v for k, v in decision.edits.items() if str(record.args.get(k)) != v}
-    if not proposed:
-        return {}
-    if decision.verdict != "approve":
-        raise TerminalError("Edits go with an approval, not a rejection.", 400)
-    tool = default_registry().get(record.tool)
-    if tool is None or not record.editable:
-        raise TerminalError("This action cannot be edited.", 400)
-    try:
-        return apply_edits(tool, record.args, proposed)[1]
-    except EditRejected as exc:
-        raise TerminalError(str(exc), 400) from None
-
-
-_SLOT_STATE = {
-    "reassign": "reassigned",
-    "reject": "rejected",
-    "expire": "expired",
-    "cancel": "cancelled",
-    "escalate": "escalated",
-    "undeliverable": "undeliverable",
-}
-
-
-def _receipt(record: ApprovalRecord, verdict: Verdict, *, accepted: bool) -> DecisionReceipt:
-    return DecisionReceipt(
-        accepted=accepted,
-        approval_id=record.approval_id,
-        state=_slot_state(verdict),
-        decided_by=verdict.by,
-        decided_at=verdict.at,
-        reason=verdict.reason,
-        edits=verdict.edits,
-        quorum=record.quorum,
-    )
-
-
-def _slot_state(verdict: Verdict) -> str:
-    if verdict.kind == "approve":
-        return "approved_with_edits" if verdict.edits else "approved"
-    if verdict.kind == "close":
-        return verdict.closes_as or "closed"
-    return _SLOT_STATE[verdict.kind]
+    key = links.approval_id(claims.run_id, claims.index)
+    return await ctx.workflow_call(approval_decide, key=key, arg=decision)
 
 
 @agent_run.handler(name="cancel")
@@ -436,88 +321,24 @@ async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelRe
     state = await load_run(ctx, with_actions=False)
     if state is None or state.phase in ("completed", "failed", "cancelled"):
         return CancelReceipt(run_id=ctx.key(), accepted=False, cancelled_approvals=[])
-    now = await ctx.time()
     cancelled = []
     for record in state.approvals.values():
         if record.state != "pending":
             continue
-        won = False
-        for slot in record.active_slots:
-            verdict = Verdict(
-                kind="cancel",
-                slot=slot,
-                round=record.round,
-                digest=record.digest,
-                at=now,
-                reason=request.reason,
-                source="system",
-            )
-            promise = ctx.promise(slot_promise(record.approval_id, record.round, slot), type_hint=Verdict)
-            won = await _complete(promise, verdict) or won
-        if won:
-            cancelled.append(record.approval_id)
-    # Last, so that a run waiting on both sees each approval closed as cancelled by this call.
-    accepted = await _complete(ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest), request)
+        receipt = await ctx.workflow_call(approval_cancel, key=record.approval_id, arg=request)
+        cancelled += receipt.cancelled_approvals
+    # Last, so that a run between turns stops at its next one; a waiting run hears from its approvals.
+    accepted = await complete(ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest), request)
     return CancelReceipt(run_id=ctx.key(), accepted=accepted, cancelled_approvals=cancelled)
 
 
 @agent_run.handler(name="reassign")
 async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> ReassignReceipt:
-    """Hand a pending approval (one approver's part of it) to someone else: a new round starts and
-    older links stop working. A 400 that changes nothing when the request does not fit."""
-    header = await load_header(ctx)
-    record = await load_approval(ctx, header, request.approval_id) if header else None
-    if record is None or record.state != "pending":
-        raise TerminalError(f"no pending approval {request.approval_id} in run {ctx.key()}", 404)
-    to = request.to.lower()
-    if to in (record.approvers[s] for s in record.active_slots):
-        raise TerminalError(f"{to} already decides this approval (one person counts once)", 400)
-    voted = {v.slot for v in record.votes if v.round == record.round}
-    open_slots = [s for s in record.active_slots if s not in voted]
-    if request.replacing:
-        open_slots = [s for s in open_slots if record.approvers[s] == request.replacing.lower()]
-    if len(open_slots) != 1:
-        raise TerminalError("say which approver to replace (--from): several, or none, are still deciding", 400)
-    slot = open_slots[0]
-    now = await ctx.time()
-    verdict = Verdict(
-        kind="reassign",
-        slot=slot,
-        round=record.round,
-        digest=record.digest,
-        at=now,
-        source="system",
-        reason=request.reason or f"reassigned to {to}",
-        to=to,
-    )
-    accepted = await _complete(
-        ctx.promise(slot_promise(record.approval_id, record.round, slot), type_hint=Verdict), verdict
-    )
-    return ReassignReceipt(approval_id=record.approval_id, accepted=accepted, replaced=record.approvers[slot], to=to)
+    """Hand a pending approval (one approver's part of it) to someone else, through the approval."""
+    return await ctx.workflow_call(approval_reassign, key=_own(ctx, request.approval_id), arg=request)
 
 
 @agent_run.handler(name="delivery_failed")
 async def delivery_failed(ctx: WorkflowSharedContext, failure: DeliveryFailure) -> bool:
-    """An approver's email bounced or was refused: that approver cannot decide this round. The run then
-    waits for the others, escalates, or ends the approval `undeliverable`. False for a stale failure."""
-    header = await load_header(ctx)
-    record = await load_approval(ctx, header, failure.approval_id) if header else None
-    if record is None:
-        return False
-    verdict = slot_verdict(record, failure, await ctx.time())
-    if verdict is None:
-        return False
-    return await _complete(
-        ctx.promise(slot_promise(record.approval_id, record.round, failure.slot), type_hint=Verdict), verdict
-    )
-
-
-async def _complete(promise: DurablePromise[Any], value: Any) -> bool:
-    """Resolve unless already completed; True if this call's value won."""
-    try:
-        await promise.resolve(value)
-    except TerminalError as exc:
-        if not is_already_completed(exc):
-            raise
-        return False
-    return True
+    """An approver's email bounced or was refused: handed to the approval (which decides what follows)."""
+    return await ctx.workflow_call(approval_delivery_failed, key=_own(ctx, failure.approval_id), arg=failure)

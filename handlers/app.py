@@ -24,6 +24,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from handlers.agent_run import agent_run
+from handlers.approval_workflow import approval
 from handlers.audit import approval_audit
 from handlers.codec import journal_codec
 from handlers.delivery import email_delivery
@@ -43,6 +44,7 @@ log = logging.getLogger("countersign.app")
 def restate_endpoint(settings: Settings) -> RestateAppT:
     services: list[restate.Service | restate.VirtualObject | restate.Workflow] = [
         agent_run,
+        approval,
         approval_inbox,
         approval_audit,
         tool_stats,

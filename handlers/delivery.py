@@ -4,9 +4,9 @@ key = approval id).
 Guarantee: each provider event is recorded once, however often the provider re-delivers it (dedupe
 by event id, on top of the ingress idempotency key the webhook route sends with); an email that
 carried decision links (request, reminder, escalation) and did not reach its approver (bounced,
-complained, failed, suppressed) is forwarded once per round and approver slot to its run as a
-`DeliveryFailure` through `AgentRun.delivery_failed`, which decides what the run does about it
-(escalate, or `undeliverable`: see `slot_verdict`).
+complained, failed, suppressed) is forwarded once per round and approver slot to the approval as a
+`DeliveryFailure` through `Approval.delivery_failed` (same key), which decides what the approval does
+about it (escalate, or `undeliverable`: see `slot_verdict`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from handlers.mail.intent import APPROVER_KINDS, MessageKind
 from handlers.verdict import Verdict
 
 STATE_KEY = "log"
-RUN_SERVICE = "AgentRun"
-RUN_HANDLER = "delivery_failed"
+APPROVAL_SERVICE = "Approval"
+APPROVAL_HANDLER = "delivery_failed"
 MAX_EVENTS = 200
 # Resend re-delivers a webhook for about 28 h; keep the ingress idempotency keys comfortably longer.
 WEBHOOK_RETENTION = timedelta(days=3)
@@ -95,16 +95,16 @@ async def record(ctx: ObjectContext, event: DeliveryEvent) -> DeliveryAck:
     forwarded = False
     if failure is not None:
         log.failures.append(failure)
-        forwarded = _run_listens()
-        if forwarded:
-            ctx.generic_send(
-                RUN_SERVICE,
-                RUN_HANDLER,
-                failure.model_dump_json().encode(),
-                key=event.run_id,
-                idempotency_key=f"delivery-failed/{event.approval_id}/{event.event_id}",
-                headers={"content-type": "application/json"},
-            )
+        # By name, not by handler object: the approval workflow imports this module.
+        ctx.generic_send(
+            APPROVAL_SERVICE,
+            APPROVAL_HANDLER,
+            failure.model_dump_json().encode(),
+            key=event.approval_id,
+            idempotency_key=f"delivery-failed/{event.approval_id}/{event.event_id}",
+            headers={"content-type": "application/json"},
+        )
+        forwarded = True
     ctx.set(STATE_KEY, log)
     return DeliveryAck(recorded=True, forwarded=forwarded)
 
@@ -115,19 +115,8 @@ async def delivery_log(ctx: ObjectSharedContext) -> DeliveryLog:
     return await ctx.get(STATE_KEY, type_hint=DeliveryLog) or DeliveryLog()
 
 
-def _run_listens() -> bool:
-    """Whether this deployment's `AgentRun` has the handler failures are forwarded to.
-
-    A one-way call to a handler the deployment lacks is not dropped by Restate: it makes *this*
-    invocation retry for ever (RT0018), so the failure is only recorded until the handler exists.
-    """
-    from handlers.agent_run import agent_run  # here, not at the top: agent_run may import this module
-
-    return RUN_HANDLER in agent_run.handlers
-
-
 def slot_verdict(record: ApprovalRecord, failure: DeliveryFailure, now: float) -> Verdict | None:
-    """What `AgentRun.delivery_failed` completes the failed slot's decision promise with: that approver
+    """What `Approval.delivery_failed` completes the failed slot's decision promise with: that approver
     cannot decide (`undeliverable`, from the system). The waiting loop then escalates, waits for the
     other approvers, or resolves the approval as `undeliverable` when nobody is left. None when the
     failure is stale: another round, a decided approval, or a slot that is no longer asked or already voted."""

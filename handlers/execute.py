@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
-from restate import RunOptions, TerminalError, WorkflowContext
+from restate import Context, RunOptions, TerminalError
 
 from handlers.faults import crash_point, fail_point
 from handlers.redact import scrubbed
@@ -49,8 +49,8 @@ def _effect(tool_name: str, args: dict[str, Any], key: str) -> ToolRun:
     return ToolRun(ok=True, result=result)
 
 
-async def run_tool(ctx: WorkflowContext, tool_name: str, args: dict[str, Any], index: int) -> ToolRun:
-    key = idempotency_key(ctx.key(), index)
+async def run_tool(ctx: Context, tool_name: str, args: dict[str, Any], index: int, *, run_id: str) -> ToolRun:
+    key = idempotency_key(run_id, index)
     try:
         return await ctx.run_typed(f"tool {tool_name} #{index}", _effect, TOOL_RETRIES, tool_name, args, key)
     except TerminalError as exc:
@@ -72,11 +72,11 @@ class Recheck(BaseModel):
     change: str | None
 
 
-async def recheck(ctx: WorkflowContext, tool_name: str, args: dict[str, Any], index: int) -> str | None:
+async def recheck(ctx: Context, tool_name: str, args: dict[str, Any], index: int, *, run_id: str) -> str | None:
     """The tool's precondition, as its own step right before execution: what changed, or None."""
 
     def check() -> Recheck:
-        return Recheck(change=_precondition(tool_name, args, idempotency_key(ctx.key(), index)))
+        return Recheck(change=_precondition(tool_name, args, idempotency_key(run_id, index)))
 
     try:
         result: Recheck = await ctx.run_typed(f"recheck {tool_name} #{index}", check, TOOL_RETRIES)

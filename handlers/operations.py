@@ -27,8 +27,8 @@ from handlers.settings import Settings
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _RUN_STATES = (
-    "SELECT service_key, key, value_utf8 FROM state WHERE service_name = 'AgentRun'"
-    " AND (key = 'run' OR key LIKE 'approval:%')"
+    "SELECT service_name, service_key, key, value_utf8 FROM state"
+    " WHERE service_name IN ('AgentRun', 'Approval') AND (key = 'run' OR key LIKE 'approval:%')"
 )
 
 
@@ -82,12 +82,24 @@ class Operations:
             raise OperationError(f"{service}/{handler}: {exc}") from None
 
     def runs(self) -> list[RunState]:
-        """Every run with its approvals (without its actions, which no operator command reads here)."""
-        values: dict[str, dict[str, bytes]] = {}
+        """Every run with its approvals (without its actions, which no operator command reads here).
+        An approval's own workflow (`Approval`) holds its live record; a run made by `AgentRun` holds
+        the frozen one until the approval returns, so the approval's copy wins."""
+        values: dict[tuple[str, str], dict[str, bytes]] = {}
         for row in self._sql(_RUN_STATES):
             if row.get("value_utf8"):
-                values.setdefault(row["service_key"], {})[row["key"]] = self._open(row["value_utf8"])
-        return [run for run in map(assemble, values.values()) if run is not None]
+                where = (row["service_name"], row["service_key"])
+                values.setdefault(where, {})[row["key"]] = self._open(row["value_utf8"])
+        runs: dict[str, RunState] = {}
+        for (service, _), stored in sorted(values.items(), key=lambda item: item[0][0] == "Approval"):
+            found = assemble(stored)
+            if found is None:
+                continue
+            if found.run_id in runs and service == "Approval":
+                runs[found.run_id].approvals.update(found.approvals)
+            else:
+                runs.setdefault(found.run_id, found)
+        return list(runs.values())
 
     def _open(self, value: str) -> bytes:
         """A state value as stored: sealed when the journal is encrypted (see handlers.codec)."""
@@ -132,9 +144,9 @@ class Operations:
         return dict(status)
 
     def reassign(self, approval_id: str, to: str, replacing: str | None, reason: str) -> dict[str, Any]:
-        run_id = run_of(approval_id)
+        run_of(approval_id)  # refuses what is not an approval id, with the form they have
         request = ReassignRequest(approval_id=approval_id, to=to, replacing=replacing, reason=reason)
-        return dict(self._call("AgentRun", run_id, "reassign", request.model_dump()))
+        return dict(self._call("Approval", approval_id, "reassign", request.model_dump()))
 
     def cancel(self, run_id: str, reason: str) -> dict[str, Any]:
         return dict(self._call("AgentRun", run_id, "cancel", CancelRequest(reason=reason).model_dump()))

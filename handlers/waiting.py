@@ -230,7 +230,7 @@ class Waiter:
         return delivered
 
 
-async def send_step(ctx: restate.WorkflowContext, name: str, action: Any, *args: Any) -> SendReceipt | None:
+async def send_step(ctx: restate.Context, name: str, action: Any, *args: Any) -> SendReceipt | None:
     """One email step; None when the provider refused it for good (the step's retries are bounded)."""
     try:
         receipt: SendReceipt = await ctx.run_typed(name, action, EMAIL_RETRIES, *args)
@@ -241,8 +241,9 @@ async def send_step(ctx: restate.WorkflowContext, name: str, action: Any, *args:
     return receipt
 
 
-async def _notify_batch(book: RunBook, waiters: list[Waiter]) -> dict[int, int]:
-    """One email per approver covering every item they are asked about; delivered sends per item."""
+async def notify_batch(book: RunBook, waiters: list[Waiter]) -> dict[int, int]:
+    """One email per approver covering every item they are asked about; delivered sends per item.
+    The caller of a batch sends it (one model turn's gated calls), then each item's workflow waits."""
     by_person: dict[str, list[tuple[int, int]]] = {}
     for i, waiter in enumerate(waiters):
         for slot in waiter.open_slots():
@@ -261,14 +262,16 @@ async def _notify_batch(book: RunBook, waiters: list[Waiter]) -> dict[int, int]:
     return delivered
 
 
-async def wait_all(book: RunBook, waiters: list[Waiter], mail_kind: MailKind) -> list[Verdict]:
-    """Notify, then wait until every approval is decided; the deciding verdict of each, in order."""
+async def wait_all(
+    book: RunBook, waiters: list[Waiter], mail_kind: MailKind, delivered: list[int] | None = None
+) -> list[Verdict]:
+    """Notify (unless the caller already did: `delivered` accepted sends per approval), then wait until
+    every approval is decided; the deciding verdict of each, in order."""
     finals: dict[int, Verdict] = {}
-    if len(waiters) > 1 and mail_kind == "request":
-        delivered = await _notify_batch(book, waiters)
-    else:
-        delivered = {i: await w.notify(mail_kind, w.open_slots()) for i, w in enumerate(waiters)}
+    if delivered is None:
+        delivered = [await w.notify(mail_kind, w.open_slots()) for w in waiters]
     for i, waiter in enumerate(waiters):
+        # Nobody could be emailed: hand over to the escalation chain now, or end `undeliverable`.
         if not delivered[i] and (final := await waiter.escalate_or_give_up()) is not None:
             finals[i] = waiter.conclude(final)
     cancelled = book.ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest).value()

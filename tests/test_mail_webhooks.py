@@ -20,9 +20,8 @@ from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, free_port, wait_until
 from support.records import approval_record
 
-from handlers.agent_run import agent_run
 from handlers.contract import ApprovalRecord, Vote
-from handlers.delivery import RUN_HANDLER, DeliveryFailure, slot_verdict
+from handlers.delivery import DeliveryFailure, slot_verdict
 from handlers.mail.intent import tag_value
 from handlers.settings import Settings
 from handlers.web.webhooks import ResendWebhooks
@@ -237,14 +236,8 @@ def test_a_bounced_approval_email_is_recorded_as_that_approvers_failure(
     assert (
         failed["detail"] == "Permanent General: The recipient's mail server rejected <address>: mailbox does not exist."
     )
-    if RUN_HANDLER not in agent_run.handlers:
-        assert stack.ingress.status(run_id)["pending"], "until the run listens, a bounce only gets recorded"
-        stack.ingress.call("AgentRun", run_id, "cancel", {"reason": "test cleanup"})
 
 
-@pytest.mark.skipif(
-    RUN_HANDLER not in agent_run.handlers, reason="AgentRun.delivery_failed is not wired yet (see handlers/delivery.py)"
-)
 def test_a_bounce_with_nobody_left_to_ask_resolves_the_approval_as_undeliverable(
     stack: IsolatedStack, fake: FakeResend, run_id: str
 ) -> None:

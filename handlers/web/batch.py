@@ -1,6 +1,6 @@
 """The batch page: several actions proposed in one turn, decided item by item on one page.
 
-Guarantee: an item is decided only through `AgentRun.decide` with a link token for that item and
+Guarantee: an item is decided only through its `Approval.decide` with a link token for that item and
 this approver (minted here, verified again by the workflow); items left undecided stay pending, so
 partial approval works; GET changes nothing. When no item was accepted and one call failed in a way
 that may have reached the workflow (5xx), the answer is 503 "not confirmed", never "not decided".
@@ -83,7 +83,7 @@ async def decide_items(
         decision = Decision(token=item_token, verdict=verdict, reason=reason, confirm=typed, client=client)
         key = links.token_fingerprint(f"{item_token}|{decision.model_dump_json(exclude={'client'})}")
         try:
-            outcomes.append((item, await runs.decide(item.run_id, decision, key), ""))
+            outcomes.append((item, await runs.decide(item.approval_id, decision, key), ""))
         except RunCallFailed as exc:
             # A 5xx may come after the decision was recorded (the answer was lost): claim neither.
             unconfirmed = unconfirmed or exc.status >= 500

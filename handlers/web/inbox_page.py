@@ -33,17 +33,15 @@ class InboxPage:
         try:
             approver = links.check_inbox_token(request.path_params["token"], keys, now)
             view = await runs.inbox(approver)
-            items = [await self._item(runs, approver, entry.run_id, entry.approval_id, now) for entry in view.pending]
+            items = [await self._item(runs, approver, entry.approval_id, now) for entry in view.pending]
         except LinkInvalid as exc:
             return notice(exc.status, "Link not valid", exc.reason)
         except RunCallFailed as exc:
             return notice(exc.status, "Try again", exc.message)
         return page("inbox.html", approver=approver, items=[i for i in items if i is not None])
 
-    async def _item(
-        self, runs: RunsClient, approver: str, run_id: str, approval_id: str, now: float
-    ) -> dict[str, Any] | None:
-        status = await runs.status(run_id)
+    async def _item(self, runs: RunsClient, approver: str, approval_id: str, now: float) -> dict[str, Any] | None:
+        status = await runs.status(approval_id)
         record = next((a for a in status.approvals if a.approval_id == approval_id), None)
         if record is None or record.state != "pending":
             return None

@@ -127,12 +127,20 @@ class ApprovalPages:
 
     @staticmethod
     async def _load(runs: RunsClient, run_id: str, index: int) -> tuple[RunStatus, ApprovalRecord] | None:
-        status = await runs.status(run_id)
+        """The approval the link points to, from its own workflow; for a batch, with the other items
+        of the batch beside it (each in its own workflow)."""
         wanted = links.approval_id(run_id, index)
-        for record in status.approvals:
-            if record.approval_id == wanted:
-                return status, record
-        return None
+        status = await runs.status(wanted)
+        record = next((r for r in status.approvals if r.approval_id == wanted), None)
+        if record is None or not record.batch:
+            return (status, record) if record is not None else None
+        approvals, history = list(status.approvals), list(status.history)
+        for other in record.batch:
+            if other != index:
+                item = await runs.status(links.approval_id(run_id, other))
+                approvals += item.approvals
+                history += item.history
+        return status.model_copy(update={"approvals": approvals, "history": history}), record
 
     async def _post(self, request: Request, runs: RunsClient, token: str, record: ApprovalRecord) -> Response:
         form = await self._check_post(request, token)
@@ -164,7 +172,7 @@ class ApprovalPages:
         )
         key = links.token_fingerprint(f"{token}|{decision.model_dump_json(exclude={'client'})}")
         try:
-            receipt = await runs.decide(record.run_id, decision, key)
+            receipt = await runs.decide(record.approval_id, decision, key)
         except RunCallFailed as exc:
             if exc.status >= 500:  # the call may or may not have reached the workflow: claim neither
                 return notice(exc.status, "Not confirmed", exc.message, hint=wording.UNCONFIRMED_HINT)

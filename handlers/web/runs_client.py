@@ -1,4 +1,4 @@
-"""Calls from the web tier to `AgentRun` through the Restate ingress (the SDK client).
+"""Calls from the web tier to the `Approval` workflows through the Restate ingress (the SDK client).
 
 Guarantee: every failure comes back as `RunCallFailed` with an HTTP status and a message safe to
 show (the workflow's own refusal, or "try again" when Restate is unreachable), never a raw error;
@@ -22,7 +22,7 @@ from handlers.contract import Decision, DecisionReceipt, RunStatus
 from handlers.inbox import InboxView
 
 log = logging.getLogger("countersign.web")
-SERVICE = "AgentRun"
+SERVICE = "Approval"
 _JSON = {"content-type": "application/json"}
 
 
@@ -37,12 +37,13 @@ class RunsClient:
     def __init__(self, client: restate.RestateClient) -> None:
         self._client = client
 
-    async def status(self, run_id: str) -> RunStatus:
-        raw = await self._call("status", run_id, None, None)
+    async def status(self, approval_id: str) -> RunStatus:
+        """One approval as its workflow keeps it (its record, the run's goal, what it executed)."""
+        raw = await self._call("status", approval_id, None, None)
         return RunStatus.model_validate_json(raw)
 
-    async def decide(self, run_id: str, decision: Decision, idempotency_key: str) -> DecisionReceipt:
-        raw = await self._call("decide", run_id, decision.model_dump_json().encode(), idempotency_key)
+    async def decide(self, approval_id: str, decision: Decision, idempotency_key: str) -> DecisionReceipt:
+        raw = await self._call("decide", approval_id, decision.model_dump_json().encode(), idempotency_key)
         return DecisionReceipt.model_validate_json(raw)
 
     async def inbox(self, approver: str) -> InboxView:
