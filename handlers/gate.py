@@ -138,6 +138,9 @@ async def decide_and_act(
     else:
         result = _report(book, waiter, final)
     await _tell_requester(book, record, result.action)
+    book.state.actions.append(result.action)
+    book.state.phase = "completed"
+    book.save()
     ledger.flush(book)
     return result
 

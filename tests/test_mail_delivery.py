@@ -60,7 +60,8 @@ def link_of(mail: Accepted) -> str:
 def journaled_completion(restate: RestateServer, run_id: str, step: str) -> dict[str, Any]:
     """How a `ctx.run` step ended, read back from restate-server's own journal table:
     `{"Success": <the journaled value>}` or `{"Failure": {"code": ..., "message": ...}}`."""
-    [run] = [r for r in restate.invocation_statuses(key=run_id) if r["target_handler_name"] == "run"]
+    approval = f"{run_id}-a0"  # the approval's own workflow sends its emails
+    [run] = [r for r in restate.invocation_statuses("Approval", approval) if r["target_handler_name"] == "run"]
     rows = restate.sql(f"select index, name, entry_json from sys_journal where id = '{run['id']}' order by index")
     [command] = [json.loads(r["entry_json"])["Command"]["Run"] for r in rows if r.get("name") == step]
     for row in rows:

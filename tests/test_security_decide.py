@@ -24,8 +24,9 @@ def refund(order: int, amount: str, *, tenant: str = "default", **extra: Any) ->
 
 
 def promises(restate: RestateServer, key: str) -> list[dict[str, Any]]:
+    """The promises of the run's approvals (each approval is its own workflow, key `<run>-a<n>`)."""
     return restate.sql(
-        f"select key, completed from sys_promise where service_name = 'AgentRun' and service_key = '{key}'"
+        f"select key, completed from sys_promise where service_name = 'Approval' and service_key like '{key}-a%'"
     )
 
 

@@ -45,7 +45,7 @@ def human_decisions(ingress: Ingress, approval_id: str) -> list[dict[str, Any]]:
 
 def slot_promises(restate: RestateServer, run_id: str) -> list[dict[str, Any]]:
     return restate.sql(
-        f"SELECT key, completed FROM sys_promise WHERE service_name = 'AgentRun' AND service_key = '{run_id}'"
+        f"SELECT key, completed FROM sys_promise WHERE service_name = 'Approval' AND service_key LIKE '{run_id}-a%'"
         " AND key LIKE 'decision:%'"
     )
 

@@ -88,13 +88,16 @@ def submit(
     csrf: str | None = None,
     origin: str | None = None,
     confirm: str | None = None,
+    edits: dict[str, str] | None = None,
 ) -> httpx.Response:
     """POST the page's form as a browser would (same Origin, the page's CSRF value unless given;
-    `confirm` is what a person types into a high-stakes page's confirmation field)."""
+    `confirm` is what a person types into a high-stakes page's confirmation field, `edits` the
+    editable fields the person changed)."""
     csrf = form_csrf(link) if csrf is None else csrf
     parts = urlsplit(link)
     headers = {"Origin": origin if origin is not None else f"{parts.scheme}://{parts.netloc}"}
     data = {"csrf": csrf, "verdict": verdict, "reason": reason}
     if confirm is not None:
         data["confirm"] = confirm
+    data.update({f"edit.{name}": value for name, value in (edits or {}).items()})
     return httpx.post(link, data=data, headers=headers, timeout=30)

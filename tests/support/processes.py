@@ -570,6 +570,22 @@ class Ingress:
             return self._opened(self.client.post(path, headers=headers))
         return self._opened(self.post_json(path, body, headers))
 
+    def send(self, service: str, key: str | None, handler: str, body: object) -> str:
+        """Start any handler without waiting; its invocation id."""
+        path = f"/{service}/{handler}/send" if key is None else f"/{service}/{key}/{handler}/send"
+        response = self.post_json(path, body)
+        response.raise_for_status()
+        return str(response.json()["invocationId"])
+
+    def wait_invocation(self, invocation_id: str, timeout: float = 30.0) -> httpx.Response:
+        """Poll an invocation's output until it has completed, and return that response."""
+
+        def done() -> httpx.Response | None:
+            response = self._opened(self.client.get(f"/restate/invocation/{invocation_id}/output"))
+            return None if response.status_code == 470 else response
+
+        return wait_until(done, timeout, f"invocation {invocation_id} to complete", interval=0.1)
+
     def output(self, run_id: str) -> httpx.Response:
         """The run's output now; 470 while it has not completed."""
         return self._opened(self.client.get(f"/restate/workflow/AgentRun/{run_id}/output"))

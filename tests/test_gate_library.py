@@ -1,0 +1,204 @@
+"""The gate from a user's own Restate handlers: a Virtual Object and a Service of the test's own call
+`gated_call` / `request_approval`, served beside Countersign by COUNTERSIGN_SERVICES, and decided by
+approvers through the real emails and pages."""
+
+from __future__ import annotations
+
+import sqlite3
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.approver import form_csrf, submit, wait_for_email
+from support.business import new_order, refunds_for
+from support.processes import IsolatedStack, StackFactory
+
+USER_MODULE = '''
+from typing import Any
+
+import restate
+from pydantic import BaseModel
+
+from handlers import gated_call, request_approval
+
+
+class Ask(BaseModel):
+    run_id: str
+    tool: str
+    args: dict[str, Any]
+
+
+desk = restate.VirtualObject("RefundDesk")
+
+
+@desk.handler()
+async def act(ctx: restate.ObjectContext, ask: Ask) -> dict[str, Any]:
+    record = await gated_call(
+        ctx, tool=ask.tool, args=ask.args, requester="alice@example.com", run_id=ask.run_id, why="asked by the desk"
+    )
+    ctx.set("last", record.outcome.value)
+    return record.model_dump(mode="json")
+
+
+checker = restate.Service("RefundCheck")
+
+
+@checker.handler()
+async def ask(ctx: restate.Context, ask: Ask) -> dict[str, Any]:
+    outcome = await request_approval(
+        ctx, tool=ask.tool, args=ask.args, requester="alice@example.com", run_id=ask.run_id
+    )
+    return outcome.model_dump(mode="json")
+
+
+@checker.handler()
+async def twice(ctx: restate.Context, ask: Ask) -> list[dict[str, Any]]:
+    """Two approvals in one invocation, placed by default (the invocation id and a count)."""
+    first = await request_approval(ctx, tool=ask.tool, args=ask.args, requester="alice@example.com")
+    second = await request_approval(ctx, tool=ask.tool, args=ask.args, requester="alice@example.com")
+    return [first.model_dump(mode="json"), second.model_dump(mode="json")]
+
+
+served = [desk, checker]
+'''
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("project")
+    (root / "myshop").mkdir()
+    (root / "myshop" / "__init__.py").write_text("")
+    (root / "myshop" / "agents.py").write_text(textwrap.dedent(USER_MODULE))
+    (root / "policy.toml").write_text("[tools.email_customer]\ndeadline_seconds = 2\n")
+    return root
+
+
+@pytest.fixture()
+def stack(private_stacks: StackFactory, project: Path) -> Iterator[IsolatedStack]:
+    yield private_stacks(
+        app_env={
+            "COUNTERSIGN_SERVICES": "myshop.agents:served",
+            "PYTHONPATH": str(project),
+            "APPROVALS_POLICY_FILE": str(project / "policy.toml"),
+        }
+    )
+
+
+def refund(order: int, amount: str) -> dict[str, Any]:
+    return {"order_id": order, "amount_usd": amount, "reason": "damaged in transit"}
+
+
+def test_a_virtual_object_gates_a_refund_and_the_approved_one_runs_once(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 90000)
+    ask = {"run_id": "desk-1", "tool": "issue_refund", "args": refund(order, "800.00")}
+    invocation = stack.ingress.send("RefundDesk", "customer-17", "act", ask)
+    [mail] = wait_for_email(stack.outbox_dir, "desk-1")
+    assert "Refund $800.00 to order" in mail.text and "asked by the desk" in mail.text
+    assert submit(mail.link, "approve").status_code == 200
+    record = stack.ingress.wait_invocation(invocation).json()
+    assert record["outcome"] == "approved" and record["approved_by"] == ["finance@example.com"]
+    assert record["idempotency_key"] == "desk-1/0" and record["result"]["amount_usd"] == "800.00"
+    assert refunds_for(stack.db_path, "desk-1") == [("desk-1/0", order, 80000)]
+    # The approval's own trail, as for an agent's approval.
+    status = stack.ingress.call("Approval", "desk-1-a0", "status", None).json()
+    assert status["approvals"][0]["state"] == "approved" and status["history"][0]["outcome"] == "approved"
+
+
+def test_a_virtual_object_gets_the_edited_amount_executed(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 90000)
+    invocation = stack.ingress.send(
+        "RefundDesk",
+        "customer-18",
+        "act",
+        {"run_id": "desk-2", "tool": "issue_refund", "args": refund(order, "800.00")},
+    )
+    [mail] = wait_for_email(stack.outbox_dir, "desk-2")
+    assert submit(mail.link, "approve", edits={"amount_usd": "650.00"}).status_code == 200
+    record = stack.ingress.wait_invocation(invocation).json()
+    assert record["outcome"] == "approved_with_edits" and record["args"]["amount_usd"] == "650.00"
+    assert record["proposed_args"]["amount_usd"] == "800.00"
+    assert refunds_for(stack.db_path, "desk-2") == [("desk-2/0", order, 65000)]
+
+
+def test_a_service_hears_a_rejection_with_its_reason_and_nothing_runs(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 90000)
+    invocation = stack.ingress.send(
+        "RefundCheck", None, "ask", {"run_id": "check-1", "tool": "issue_refund", "args": refund(order, "700.00")}
+    )
+    [mail] = wait_for_email(stack.outbox_dir, "check-1")
+    assert submit(mail.link, "reject", reason="already refunded by phone").status_code == 200
+    outcome = stack.ingress.wait_invocation(invocation).json()
+    assert outcome["verdict"] == "rejected" and outcome["reason"] == "already refunded by phone"
+    assert outcome["args"] is None and outcome["decision_source"] == "human"
+    assert refunds_for(stack.db_path, "check-1") == []
+
+
+def test_a_service_sees_the_deadline_pass(stack: IsolatedStack) -> None:
+    args = {"customer_id": "c_17", "subject": "Sorry", "body": "We are sorry."}
+    invocation = stack.ingress.send(
+        "RefundCheck", None, "ask", {"run_id": "check-2", "tool": "email_customer", "args": args}
+    )
+    [mail] = wait_for_email(stack.outbox_dir, "check-2")
+    csrf = form_csrf(mail.link)
+    outcome = stack.ingress.wait_invocation(invocation, timeout=30).json()
+    assert outcome["verdict"] == "expired" and "deadline passed" in outcome["reason"]
+    assert outcome["decision_source"] == "deadline_default"
+    late = submit(mail.link, "approve", csrf=csrf)
+    assert late.status_code == 409 and "expired" in late.text
+
+
+def test_a_service_gets_a_quorum_approval_and_the_approved_arguments(stack: IsolatedStack) -> None:
+    new_order(stack.db_path, 100, customer_id="c_23")  # the business database exists, with c_23
+    args = {"customer_id": "c_23", "reason": "asked to be forgotten"}
+    invocation = stack.ingress.send(
+        "RefundCheck", None, "ask", {"run_id": "check-3", "tool": "delete_customer", "args": args}
+    )
+    mails = wait_for_email(stack.outbox_dir, "check-3", count=2)
+    assert {m.message["To"] for m in mails} == {"ops@example.com", "security@example.com"}
+    assert submit(mails[0].link, "approve", confirm="c_23").status_code == 200
+    status = stack.ingress.call("Approval", "check-3-a0", "status", None).json()
+    assert status["pending"][0]["approvals"] == 1, "one of two approvals is not enough"
+    assert submit(mails[1].link, "approve", confirm="c_23").status_code == 200
+    outcome = stack.ingress.wait_invocation(invocation).json()
+    assert outcome["verdict"] == "approved" and outcome["args"] == args
+    assert sorted(outcome["approved_by"]) == ["ops@example.com", "security@example.com"]
+    with sqlite3.connect(stack.db_path) as db:  # request_approval decides; it runs nothing itself
+        assert db.execute("SELECT deleted_at FROM customers WHERE id = 'c_23'").fetchone() == (None,)
+
+
+def test_an_autonomous_call_and_default_placement(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 90000)
+    small = stack.ingress.send(
+        "RefundDesk", "customer-19", "act", {"run_id": "desk-3", "tool": "issue_refund", "args": refund(order, "20.00")}
+    )
+    record = stack.ingress.wait_invocation(small).json()
+    assert record["outcome"] == "autonomous" and record["approval_id"] is None
+    assert refunds_for(stack.db_path, "desk-3") == [("desk-3/0", order, 2000)]
+
+    invocation = stack.ingress.send(
+        "RefundCheck", None, "twice", {"run_id": "unused", "tool": "issue_refund", "args": refund(order, "600.00")}
+    )
+    [first] = wait_for_email(stack.outbox_dir, invocation)
+    assert submit(first.link, "approve").status_code == 200
+    [_, second] = wait_for_email(stack.outbox_dir, invocation, count=2)
+    assert submit(second.link, "reject", reason="one is enough").status_code == 200
+    outcomes = stack.ingress.wait_invocation(invocation).json()
+    assert [(o["run_id"], o["index"], o["verdict"]) for o in outcomes] == [
+        (invocation, 0, "approved"),
+        (invocation, 1, "rejected"),
+    ]
+    assert [o["approval_id"] for o in outcomes] == [f"{invocation}-a0", f"{invocation}-a1"]
+
+
+def test_bad_input_to_the_gate_is_a_clear_answer_not_a_stuck_invocation(stack: IsolatedStack) -> None:
+    invalid = stack.ingress.send("RefundCheck", None, "ask", {"run_id": "check-4", "tool": "issue_refund", "args": {}})
+    outcome = stack.ingress.wait_invocation(invalid).json()
+    assert outcome["verdict"] == "invalid" and "order_id" in outcome["reason"]
+    unknown = stack.ingress.send("RefundCheck", None, "ask", {"run_id": "check-5", "tool": "nope", "args": {}})
+    outcome = stack.ingress.wait_invocation(unknown).json()
+    assert outcome["verdict"] == "invalid" and "unknown tool 'nope'" in outcome["reason"]
+    bad_run = stack.ingress.send("RefundCheck", None, "ask", {"run_id": "no spaces", "tool": "nope", "args": {}})
+    failed = stack.ingress.wait_invocation(bad_run)
+    assert failed.status_code == 400 and "run_id" in failed.json()["message"]
