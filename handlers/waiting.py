@@ -15,8 +15,8 @@ from typing import Any
 import restate
 from restate import TerminalError
 
-from handlers import ledger
-from handlers.contract import ApprovalRecord, CancelRequest, Vote
+from handlers import ledger, tally
+from handlers.contract import ApprovalRecord, CancelRequest
 from handlers.deadlines import can_escalate, next_event
 from handlers.mail.approval_email import MailKind, send_approval_request, send_batch_request
 from handlers.mail.message import SendReceipt
@@ -46,43 +46,28 @@ class Waiter:
         return self.ctx.promise(slot_promise(self.record.approval_id, self.record.round, slot), type_hint=Verdict)
 
     def open_slots(self) -> list[int]:
-        voted = {v.slot for v in self.record.votes if v.round == self.record.round}
-        return [s for s in self.record.active_slots if s not in voted]
+        return tally.open_slots(self.record)
 
     def event_bound(self) -> int:
-        """An upper bound on the events this approval can see: votes, reminders, escalations, deadline."""
-        policy = self.policy
-        rounds = 1 + len(policy.escalate_to)
-        return 2 + len(policy.approvers) + len(policy.escalate_to) + rounds * (1 + len(policy.reminders_seconds))
+        return tally.event_bound(self.policy)
 
     def count(self, verdict: Verdict) -> Verdict | None:
-        """Record one slot's verdict; the deciding verdict if the approval is now decided."""
-        record = self.record
+        """Record one slot's verdict (saved, and audited if a person's); the deciding verdict if the
+        approval is now decided."""
         self.clock = max(self.clock, verdict.at)
+        final = tally.record_vote(self.record, verdict)
         if verdict.slot >= 0:
-            record.votes.append(
-                Vote(
-                    slot=verdict.slot,
-                    round=verdict.round,
-                    kind=verdict.kind,
-                    by=verdict.by,
-                    at=verdict.at,
-                    reason=verdict.reason,
-                )
-            )
             self.book.save()
             if verdict.source == "human":
-                ledger.voted(self.book, record, verdict)
-        if verdict.kind == "approve" and verdict.source == "human":
-            return verdict if len(record.approvals_in_round()) >= record.quorum else None
-        return verdict
+                ledger.voted(self.book, self.record, verdict)
+        return final
 
     async def take(self, verdict: Verdict) -> Verdict | None:
         """A verdict that arrived on a slot: count it, confirm a person's decision to them by email,
         and when an approver cannot be reached, go on without them if the others can still decide."""
         if verdict.kind == "undeliverable" and verdict.slot >= 0:
             self.count(verdict)
-            if len(self.record.approvals_in_round()) + len(self.open_slots()) >= self.record.quorum:
+            if tally.quorum_reachable(self.record):
                 return None
             return await self.escalate_or_give_up(verdict.reason)
         final = self.count(verdict)
@@ -104,9 +89,7 @@ class Waiter:
         A person's verdict that raced in was accepted (they were told so): it is recorded and audited."""
         copy = final.model_copy(update={"kind": "close", "closes_as": state_of(final)})
         for late in await self._close(self.open_slots(), copy):
-            self.record.votes.append(
-                Vote(slot=late.slot, round=late.round, kind=late.kind, by=late.by, at=late.at, reason=late.reason)
-            )
+            tally.record_vote(self.record, late)  # recorded, though the approval is decided already
             if late.source == "human":
                 ledger.voted(self.book, self.record, late)
         self.book.save()
@@ -147,15 +130,9 @@ class Waiter:
 
     async def _deadline(self) -> Verdict:
         final = await self.close_all("expire", "the deadline passed without a decision")
-        if final.kind != "expire":
+        if final.kind != "expire":  # a person's verdict raced in before the deadline closed the slots
             return final
-        timeout = self.policy.timeout_outcome
-        final = final.model_copy(update={"source": "deadline_default"})
-        if timeout == "allow":
-            return final.model_copy(update={"kind": "approve", "reason": "the deadline passed; policy allows it"})
-        if timeout == "fail":
-            return final.model_copy(update={"reason": "the deadline passed; policy fails the run"})
-        return final
+        return tally.at_deadline(final, self.policy)
 
     async def _escalate(self, reason: str | None = None) -> Verdict | None:
         record, policy = self.record, self.policy
@@ -200,15 +177,7 @@ class Waiter:
         return await self.close_all("undeliverable", reason or "no approval email could be delivered")
 
     def start_round(self, nonce: str, now: float, note: str | None, keep_approvals: bool = False) -> None:
-        record = self.record
-        if keep_approvals:
-            record.votes += [v.model_copy(update={"round": record.round + 1}) for v in record.approvals_in_round()]
-        record.round += 1
-        record.nonces.append(nonce)
-        record.round_started_at = now
-        record.reminders_sent = 0
-        record.change_note = note
-        record.state = "pending"
+        tally.begin_round(self.record, nonce, now, note, keep_approvals)
         self.clock = now
         self.book.state.phase = "awaiting_approval"
         self.book.save()
