@@ -101,7 +101,7 @@ def test_digest_is_canonical_and_covers_everything() -> None:
     assert a != action_digest("s", 1, "issue_refund", {"order_id": 1, "amount_usd": "600.00"})
 
 
-def test_outbox_rewrites_the_same_bytes_for_the_same_intent(tmp_path: Path) -> None:
+def test_outbox_rewrites_the_same_file_for_the_same_intent(tmp_path: Path) -> None:
     mailer = OutboxMailer(tmp_path, "Countersign <a@countersign.local>")
     message = OutgoingEmail(
         to=["x@example.com"],
@@ -114,12 +114,16 @@ def test_outbox_rewrites_the_same_bytes_for_the_same_intent(tmp_path: Path) -> N
     )
     first = mailer.send(message)
     files = list(tmp_path.glob("*.eml"))
-    before = files[0].read_bytes()
+    before = email.message_from_bytes(files[0].read_bytes(), policy=email.policy.default)
     second = mailer.send(message)
-    assert first == second and list(tmp_path.glob("*.eml")) == files and files[0].read_bytes() == before
-    parsed = email.message_from_bytes(before, policy=email.policy.default)
-    assert parsed["Subject"] == "Approval needed: <b>x</b>"
-    assert [p.get_content_type() for p in parsed.walk()] == ["multipart/alternative", "text/plain", "text/html"]
+    assert first == second and list(tmp_path.glob("*.eml")) == files, "one file per intent, one Message-ID"
+    after = email.message_from_bytes(files[0].read_bytes(), policy=email.policy.default)
+    assert before["Message-ID"] == after["Message-ID"] == first.message_id
+    assert before.get_boundary() != after.get_boundary(), "the boundary is drawn afresh, never derived"
+    for parsed in (before, after):
+        assert parsed["Subject"] == "Approval needed: <b>x</b>"
+        assert [p.get_content_type() for p in parsed.walk()] == ["multipart/alternative", "text/plain", "text/html"]
+        assert [p.get_content() for p in parsed.iter_parts()] == ["text part", "<p>html part</p>"]
 
 
 def test_settings_fail_fast_on_bad_keys() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 from fakes.resend_server import Accepted, FakeResend, Fault, Received
 from fakes.resend_stack import resend_env, resend_stack
-from support.approver import LINK, submit
+from support.approver import LINK, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, RestateServer, StackFactory, wait_until
 
@@ -194,3 +195,28 @@ def test_a_crash_after_resend_accepted_but_before_the_journal_sends_one_email(
         assert submit(link_of(first), "approve").status_code == 200
         assert stack.ingress.wait_output("crash-mail", timeout=60).json()["actions"][0]["outcome"] == "approved"
         assert refunds_for(stack.db_path, "crash-mail") == [("crash-mail/0", order, 80000)]
+
+
+def test_in_production_no_approval_link_or_token_reaches_the_handlers_log(private_stacks: StackFactory) -> None:
+    """The outbox backend in production mode (identity and journal keys set, as the stack does):
+    the log says an email was written, never its links; the pages log no token either."""
+    stack = private_stacks(app_env={"COUNTERSIGN_ENV": "production"})
+    order = new_order(stack.db_path, 100000)
+    stack.ingress.start_run("prod-log", refund(order))
+    [mail] = wait_for_email(stack.outbox_dir, "prod-log")
+    tokens = [
+        url.rsplit("/", 1)[1].split("?")[0] for url in re.findall(r"https?://\S+/(?:approvals|inbox)/\S+", mail.text)
+    ]
+    assert len(set(tokens)) == 2, "an approval token and an inbox token"
+
+    def logged() -> str | None:
+        text = stack.app.log_path.read_text(errors="replace")
+        return text if f"outbox file {mail.path.name}" in text else None
+
+    log = wait_until(logged, 30, "the outbox write to be logged")
+    assert "request email for finance@example.com: outbox file" in log
+    assert submit(mail.link, "approve").status_code == 200
+    assert stack.ingress.wait_output("prod-log", timeout=60).json()["actions"][0]["outcome"] == "approved"
+    log = stack.app.log_path.read_text(errors="replace")
+    assert [token for token in tokens if token in log] == []
+    assert "/approvals/" not in log and "/inbox/" not in log and "approval link" not in log

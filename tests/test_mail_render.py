@@ -12,6 +12,18 @@ from urllib.parse import urlsplit
 
 import pytest
 from pydantic import ValidationError
+from support.injection import (
+    BIDI,
+    FORGED_LINES,
+    INVISIBLE,
+    MARKERS,
+    anchors,
+    forged_reason,
+    hidden_characters,
+    our_lines_only,
+    predictable_boundary,
+    value_lines_outside_blocks,
+)
 
 from handlers import links
 from handlers.contract import ApprovalRecord, Vote
@@ -21,6 +33,7 @@ from handlers.mail.message import MailRejected, OutgoingEmail
 from handlers.mail.outbox import OutboxMailer
 from handlers.mail.outcome_email import outcome_notice
 from handlers.mail.receipt_email import decision_receipt
+from handlers.mail.render import environment
 from handlers.settings import Settings
 
 SETTINGS = Settings(
@@ -284,3 +297,116 @@ def test_mail_settings_fail_fast() -> None:
         Settings(resend_timeout_seconds=0)
     ok = Settings(resend_webhook_secret="whsec_" + "QUJD" * 8, resend_api_url="http://127.0.0.1:1/")
     assert ok.resend_api_url == "http://127.0.0.1:1"
+
+
+REQUEST_KEY = "approval-request/run-7-a1/r1/s0"
+ARG_BLOCK = "      | "
+"""Where each line of a several-line argument value goes in the text part (under `    name:`)."""
+
+
+def parsed_outbox_file(folder: Path, mail: OutgoingEmail) -> email.message.EmailMessage:
+    OutboxMailer(folder, "Countersign <a@countersign.local>").send(mail)
+    [path] = folder.glob("*.eml")
+    raw = path.read_bytes()
+    assert raw.isascii(), "quoted-printable parts: no raw 8-bit byte in the file"
+    parsed = email.message_from_bytes(raw, policy=email.policy.default)
+    assert isinstance(parsed, email.message.EmailMessage)
+    return parsed
+
+
+def part(message: email.message.EmailMessage, subtype: str) -> str:
+    body = message.get_body((subtype,))
+    assert body is not None
+    return str(body.get_content())
+
+
+def test_an_argument_cannot_forge_a_mime_part_of_the_outbox_file(tmp_path: Path) -> None:
+    reason = forged_reason(REQUEST_KEY)
+    mail = approval_request(record(args={**record().args, "reason": reason}), 0, "goal", SETTINGS)
+    assert mail.idempotency_key == REQUEST_KEY
+    parsed = parsed_outbox_file(tmp_path, mail)
+
+    assert [p.get_content_type() for p in parsed.walk()] == ["multipart/alternative", "text/plain", "text/html"]
+    assert parsed.get_boundary() != predictable_boundary(REQUEST_KEY)
+    assert not (parsed.epilogue or "").strip(), "nothing of ours was pushed past the last part"
+    text, html = part(parsed, "plain"), part(parsed, "html")
+    approve = f"{mail.log_links[0]}?intent=approve"
+    for shown in (text, html):
+        assert "Refund $612.40 to order 1042" in shown and "612.40" in shown and approve in shown
+    found = anchors(html)
+    assert found == anchors(mail.html) and len(found) == 3 and found[0] == approve, "exactly our three links"
+    assert not [href for href in found if "evil" in href]
+    assert "<p>Refund $6.12" not in html and "&lt;p&gt;Refund $6.12" in html, "the forged HTML is shown as text"
+    our_lines_only(text, "ab12cd34ef56", approve)
+    assert value_lines_outside_blocks(text, reason, (ARG_BLOCK,)) == []
+
+
+def test_no_line_of_agent_text_leaves_its_block_in_any_text_part() -> None:
+    forged = "\n".join(["first line", *FORGED_LINES])
+    rec = record(
+        summary="Refund $612.40 to order 1042\n" + "\n".join(FORGED_LINES),
+        why=forged,
+        args={**record().args, "reason": forged, "note": {"nested": forged}},
+        change_note=forged,
+    )
+    goal = forged
+    approve = "?intent=approve"
+    mails = {
+        "request": approval_request(rec, 0, goal, SETTINGS),
+        "reminder": reminder(rec, 0, goal, 1, rec.requested_at + 60, SETTINGS),
+        "escalation": escalation(rec.model_copy(update={"round": 2, "nonces": ["a", "b"]}), 1, goal, forged, SETTINGS),
+        "reapproval": approval_request(rec, 0, goal, SETTINGS, "reapproval"),
+        "receipt": decision_receipt(
+            decided(**{**rec.model_dump(include={"summary", "why", "args"}), "reason": forged}), 1, forged, SETTINGS
+        ),
+        "outcome": outcome_notice(
+            decided(**{**rec.model_dump(include={"summary", "why", "args"}), "reason": forged}),
+            "executed",
+            SETTINGS,
+            result={"refund_id": forged},
+            error=forged,
+        ),
+    }
+    for kind, mail in mails.items():
+        links_ = [f"{link}{approve}" for link in mail.log_links]
+        our_lines_only(mail.text, "ab12cd34ef56", links_[0] if links_ else None)
+        outside = value_lines_outside_blocks(mail.text, forged, ("    ", ARG_BLOCK))
+        assert outside == [], f"{kind}: agent text at the margin: {outside}"
+        assert "    reason:\n" + ARG_BLOCK + "first line\n" + ARG_BLOCK + FORGED_LINES[0] in mail.text, kind
+        assert mail.text.splitlines()[0].endswith("order 1042 ↵ " + " ↵ ".join(FORGED_LINES)), (
+            "the summary keeps its line"
+        )
+
+    batch = batch_request([rec, rec.model_copy(update={"index": 2, "approval_id": "run-7-a2"})], [0, 0], goal, SETTINGS)
+    assert value_lines_outside_blocks(batch.text, forged, ("    ", "       ", "         | ")) == []
+    fingerprints = [line for line in batch.text.splitlines() if line.startswith("   Fingerprint")]
+    assert fingerprints == ["   Fingerprint: ab12cd34ef56"] * 2
+    margin = ("Fingerprint", "Review and approve", "http://evil", "   Fingerprint: 0")
+    assert [line for line in batch.text.splitlines() if line.startswith(margin)] == []
+
+
+def test_a_single_line_argument_stays_on_its_name_line() -> None:
+    mail = approval_request(record(), 0, "g", SETTINGS)
+    assert "    amount_usd: 612.40\n    order_id: 1042\n    reason: damaged in transit\n" in mail.text
+
+
+def test_bidi_and_zero_width_characters_are_shown_as_markers_in_both_parts(tmp_path: Path) -> None:
+    hostile = f"Customer asked: {BIDI} {INVISIBLE}"
+    rec = record(why=hostile, args={**record().args, "reason": hostile}, summary=f"Refund $612.40 {BIDI}")
+    mail = approval_request(rec, 0, hostile, SETTINGS)
+    parsed = parsed_outbox_file(tmp_path, mail)
+    for shown in (mail.subject, mail.text, mail.html, part(parsed, "plain"), part(parsed, "html")):
+        assert hidden_characters(shown) == []
+    for shown in (mail.text, mail.html, part(parsed, "plain"), part(parsed, "html")):
+        assert all(marker in shown for marker in MARKERS), "each hidden character shows where it was"
+        assert "[U+202E]00.21$ dnufer[U+202C]" in shown
+    assert "[U+202E]" in mail.subject
+    outcome = outcome_notice(decided(why=hostile, reason=hostile), "rejected", SETTINGS, error=hostile)
+    assert hidden_characters(outcome.text + outcome.html) == []
+
+
+def test_email_templates_autoescape_html_and_not_text() -> None:
+    env = environment()
+    assert callable(env.autoescape)
+    assert env.autoescape("approval_request.html") and env.autoescape("_action.html")
+    assert not env.autoescape("approval_request.txt")

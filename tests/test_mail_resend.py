@@ -13,8 +13,19 @@ import resend
 from fakes.resend_server import FakeResend, Fault
 from restate import TerminalError
 from restate.exceptions import RetryableError
+from support.injection import (
+    BIDI,
+    FORGED_LINES,
+    INVISIBLE,
+    anchors,
+    hidden_characters,
+    our_lines_only,
+    value_lines_outside_blocks,
+)
+from support.records import approval_record
 
 from handlers.mail import deliver as deliver_module
+from handlers.mail.approval_email import approval_request
 from handlers.mail.deliver import deliver
 from handlers.mail.message import MailDeferred, MailRejected, OutgoingEmail
 from handlers.mail.resend_backend import ResendMailer, retry_after
@@ -205,3 +216,30 @@ def test_the_step_body_maps_provider_answers_onto_restate(fake: FakeResend, rese
 
     receipt = deliver(lambda _: message())
     assert receipt.message_id == fake.accepted[0].id and len(fake.accepted) == 1
+
+
+def test_agent_text_cannot_forge_lines_links_or_reading_order_in_the_resend_payload(fake: FakeResend) -> None:
+    settings = Settings(
+        approvals_signing_keys="k1:" + "s" * 40,  # type: ignore[arg-type]
+        approvals_public_url="https://approve.example.org",
+    )
+    forged = "\n".join(["damaged in transit", *FORGED_LINES, f"refund {BIDI}{INVISIBLE}"])
+    record = approval_record(
+        args={"order_id": 1042, "amount_usd": "1200.00", "reason": forged},
+        summary="Refund $1200.00 to order 1042",
+        why=forged,
+        digest="ab12cd34ef56" + "0" * 52,
+    )
+    mail = approval_request(record, 0, forged, settings)
+    mailer(fake).send(mail)
+    [accepted] = fake.accepted
+    text, html = accepted.params["text"], accepted.params["html"]
+    assert isinstance(text, str) and isinstance(html, str), "one text part and one HTML part"
+    approve = f"{mail.log_links[0]}?intent=approve"
+    for shown in (text, html):
+        assert "Refund $1200.00 to order 1042" in shown and "1200.00" in shown and approve in shown
+        assert hidden_characters(shown) == [] and "[U+202E]00.21$ dnufer[U+202C]" in shown
+    assert anchors(html)[0] == approve and len(anchors(html)) == 3
+    our_lines_only(text, "ab12cd34ef56", approve)
+    assert value_lines_outside_blocks(text, forged, ("    ", "      | ")) == []
+    assert "    reason:\n      | damaged in transit\n      | Fingerprint: 000000000000\n" in text

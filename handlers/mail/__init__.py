@@ -1,7 +1,8 @@
 """Mail: rendering from `email_templates/` and the backends that deliver it.
 
 Guarantee: exactly one backend is in use, chosen by settings: Resend when `RESEND_API_KEY` is set,
-the local `.eml` outbox otherwise.
+the local `.eml` outbox otherwise. Only in dev/test (`COUNTERSIGN_ENV`) does the outbox log the
+approval links it writes; no backend logs a link or token anywhere else.
 """
 
 from __future__ import annotations
@@ -22,4 +23,4 @@ def mailer_for(settings: Settings) -> Mailer:
             api_url=settings.resend_api_url,
             timeout=settings.resend_timeout_seconds,
         )
-    return OutboxMailer(settings.approvals_outbox_dir, settings.resend_from)
+    return OutboxMailer(settings.approvals_outbox_dir, settings.resend_from, log_links=settings.is_dev)

@@ -1,8 +1,12 @@
 """The local mail backend: each message becomes an RFC 5322 `.eml` file in the outbox folder.
 
-Guarantee: the file name and every byte of the file derive from the message's idempotency key and
-journaled values (no random MIME boundary, no wall clock), so a retried send rewrites the same file
-and the outbox holds exactly one file per intent. Written atomically (temp file, then rename).
+Guarantee: the file name and the Message-ID derive from the message's idempotency key alone, so a
+retried send replaces the same file and the outbox holds exactly one file per intent (written
+atomically: temp file, then rename). Both parts are quoted-printable and the MIME boundary is drawn
+from `secrets` on every write and checked against the encoded parts, so no content, however it was
+chosen, can close a part or open one of its own (a boundary holds `=_`, which quoted-printable
+never writes). Approval links are logged only in dev/test (`log_links`); elsewhere the log names
+the outbox file, never a link or token.
 """
 
 from __future__ import annotations
@@ -10,10 +14,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import quopri
 import re
+import secrets
 import tempfile
 from datetime import UTC, datetime
+from email.charset import QP, Charset
 from email.header import Header
 from email.mime.multipart import MIMEMultipart
 from email.mime.nonmultipart import MIMENonMultipart
@@ -26,15 +31,19 @@ from handlers.mail.message import OutgoingEmail, SendReceipt
 
 log = logging.getLogger("countersign.mail")
 _CRLF = compat32.clone(linesep="\r\n")
-_MAX_LINE = 998
+_UTF8_QP = Charset("utf-8")
+_UTF8_QP.body_encoding = QP
+_BOUNDARY_DRAWS = 8
 
 
 class OutboxMailer:
     name = "outbox"
 
-    def __init__(self, folder: Path, sender: str) -> None:
+    def __init__(self, folder: Path, sender: str, *, log_links: bool = False) -> None:
         self.folder = folder
         self.sender = sender
+        # Dev/test only (see `mailer_for`): a link carries its token, and tokens stay out of logs.
+        self.log_links = log_links
 
     def send(self, email: OutgoingEmail) -> SendReceipt:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -42,23 +51,25 @@ class OutboxMailer:
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", email.idempotency_key)[:120] + "-" + digest[:10]
         message_id = f"<{digest[:40]}@countersign.local>"
         path = self.folder / f"{stem}.eml"
-        data = self._render(email, message_id, boundary=f"=_countersign_{digest[:32]}")
+        data = self._render(email, message_id)
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=".eml")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
-        for link in email.log_links:
-            log.info("approval link for %s: %s (outbox file %s)", ", ".join(email.to), link, path.name)
-        if not email.log_links:
+        if self.log_links and email.log_links:
+            for link in email.log_links:
+                log.info("approval link for %s: %s (outbox file %s)", ", ".join(email.to), link, path.name)
+        else:
             log.info("%s email for %s: outbox file %s", email.kind, ", ".join(email.to), path.name)
         return SendReceipt(
             backend=self.name, message_id=message_id, idempotency_key=email.idempotency_key, kind=email.kind
         )
 
-    def _render(self, email: OutgoingEmail, message_id: str, boundary: str) -> bytes:
+    def _render(self, email: OutgoingEmail, message_id: str) -> bytes:
         # The compat32 API, because the modern one parses every header it sets: that made this
         # backend the largest CPU cost of a run's first email.
-        msg = MIMEMultipart("alternative", boundary=boundary)
+        parts = [_text_part(email.text, "plain"), _text_part(email.html, "html")]
+        msg = MIMEMultipart("alternative", boundary=_boundary([str(p.get_payload()) for p in parts]))
         msg["From"] = _header(self.sender)
         msg["To"] = _header(", ".join(email.to))
         msg["Subject"] = _header(email.subject)
@@ -66,22 +77,29 @@ class OutboxMailer:
         msg["Message-ID"] = message_id
         for name, value in sorted(email.tags.items()):
             msg[f"X-Countersign-{name.replace('_', '-').title()}"] = _header(value)
-        msg.attach(_text_part(email.text, "plain"))
-        msg.attach(_text_part(email.html, "html"))
+        for part in parts:
+            msg.attach(part)
         return msg.as_bytes(policy=_CRLF)
 
 
 def _text_part(text: str, subtype: str) -> MIMENonMultipart:
-    """UTF-8 as it is (8bit), or quoted-printable when a line is longer than SMTP allows."""
-    part = MIMENonMultipart("text", subtype, charset="utf-8")
-    raw = text.encode()
-    if all(len(line) <= _MAX_LINE for line in raw.splitlines()):
-        part.set_payload(raw.decode("ascii", "surrogateescape"))
-        part["Content-Transfer-Encoding"] = "8bit"
-    else:
-        part.set_payload(quopri.encodestring(raw).decode("ascii"))
-        part["Content-Transfer-Encoding"] = "quoted-printable"
+    """UTF-8, quoted-printable: 7-bit lines of at most 76 characters, and `=` always escaped."""
+    part = MIMENonMultipart("text", subtype)
+    part.set_payload(text, _UTF8_QP)
     return part
+
+
+def _boundary(encoded_parts: list[str]) -> str:
+    """A fresh unpredictable boundary that occurs in none of the encoded parts.
+
+    Random on every write rather than derived from the idempotency key: a derived one is known to
+    whoever knows the approval id, and a retried send still lands in the same file (named by key).
+    """
+    for _ in range(_BOUNDARY_DRAWS):
+        boundary = f"=_countersign_{secrets.token_hex(16)}"
+        if not any(boundary in part for part in encoded_parts):
+            return boundary
+    raise RuntimeError("no MIME boundary absent from the message parts")  # 2^-128 per draw: never
 
 
 def _header(value: str) -> Any:

@@ -3,6 +3,10 @@
 Guarantee: rendering is a pure function of its inputs (no clock, no randomness, no network), so a
 retried send renders byte-identical content for the same journaled values. The HTML part has its
 stylesheet inlined into `style` attributes (mail clients drop `<style>` blocks) and no images.
+Text that the agent or a tool call supplied can never pass for one of our own lines: in the text
+part every line of it is indented under its label (`indent_text`, `arg_text`) or kept on its label's
+line (`one_line`); in the HTML part it is escaped; in both, invisible formatting characters (bidi
+overrides, zero-width) are shown as `[U+XXXX]` markers (`handlers.textsafety`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 import css_inline
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
+from handlers.textsafety import finalize
 from handlers.timewords import duration
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "email_templates"
@@ -31,11 +36,14 @@ def environment() -> Environment:
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=finalize,
     )
     env.filters["utc"] = format_utc
     env.filters["duration"] = duration
     env.filters["argvalue"] = format_arg
     env.filters["indent_text"] = indent_text
+    env.filters["one_line"] = one_line
+    env.globals["arg_text"] = arg_text
     return env
 
 
@@ -59,6 +67,24 @@ def indent_text(value: str, prefix: str = "    ") -> str:
     """Indent every line of free text (an agent's reason, a goal) in the plain-text part, so it can
     never pass for one of our own lines, such as a link label."""
     return "\n".join(prefix + line for line in (value.splitlines() or [""]))
+
+
+def one_line(value: str) -> str:
+    """Free text kept on the line of its label in the plain-text part: each line break becomes a
+    visible ` ↵ `, so the text cannot start a line of its own (a summary, a tool's name)."""
+    return " ↵ ".join(value.splitlines())
+
+
+def arg_text(name: str, value: Any, prefix: str = "    ") -> str:
+    """One argument in the plain-text part: `name: value` on one line, or, for a value of several
+    lines, `name:` followed by every line of the value behind `  | `, so no line of a value can
+    start at the margin or pass for another argument, a fingerprint or a link label."""
+    text = format_arg(value)
+    lines = text.splitlines()
+    if len(lines) <= 1 and text == "".join(lines):
+        return f"{prefix}{one_line(name)}: {text}"
+    quoted = "\n".join(f"{prefix}  | {line}" for line in lines)
+    return f"{prefix}{one_line(name)}:\n{quoted}"
 
 
 def render(name: str, **context: Any) -> tuple[str, str, str]:

@@ -1,7 +1,9 @@
 """Rendering of the approval pages: templates, security headers, and dates in the pages' words.
 
 Guarantee: every page goes out with the same hardening headers (no caching, no framing, a strict
-CSP, same-origin referrers) and is rendered by Jinja2 with autoescape on.
+CSP, same-origin referrers) and is rendered by Jinja2 with autoescape on, every printed value
+passing through `textsafety.finalize` (bidi overrides and zero-width characters shown as
+`[U+XXXX]`), except a prefilled form field marked `| verbatim`, whose value must come back unchanged.
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.responses import HTMLResponse
 
+from handlers.textsafety import finalize, verbatim
 from handlers.web import wording
 
 _TEMPLATES = Environment(
-    loader=FileSystemLoader(Path(__file__).parent / "templates"), autoescape=select_autoescape(default=True)
+    loader=FileSystemLoader(Path(__file__).parent / "templates"),
+    autoescape=select_autoescape(default=True),
+    finalize=finalize,
 )
+_TEMPLATES.filters["verbatim"] = verbatim
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; "

@@ -1,5 +1,6 @@
 """The approval email as an approver's phone shows it: the HTML part with images off at phone width,
-and the text part carrying the same facts and links."""
+and the text part carrying the same facts and links; agent text with bidi overrides or zero-width
+characters shows them as markers in the email and on the page its button opens."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import re
 from pathlib import Path
 
 from playwright.sync_api import Route
-from support.processes import Ingress
+from support.approver import wait_for_email
+from support.business import new_order
+from support.injection import BIDI, INVISIBLE, MARKERS, hidden_characters
+from support.processes import AppServer, Ingress
 
-from browser.approval_page import open_email
+from browser.approval_page import ApprovalPage, open_email
 from browser.audits import horizontal_overflow, low_contrast_text, text_smaller_than
 from browser.conftest import PHONE, PHONE_WIDTH, ContextFactory, RefundStarter
-from browser.scenario import WHY
+from browser.scenario import WHY, refund_task
 
 
 def _no_images(route: Route) -> None:
@@ -85,3 +89,37 @@ def test_email_text_part_has_the_same_facts_and_links_as_the_html(
     lines = [line.strip() for line in text.splitlines()]
     for href in hrefs:
         assert href in lines, "each button's link is on a line of its own in the text part"
+
+
+def test_bidi_and_zero_width_characters_show_as_markers_in_the_email_and_on_the_page(
+    app_server: AppServer,
+    ingress: Ingress,
+    demo_db: Path,
+    outbox_dir: Path,
+    run_id: str,
+    new_context: ContextFactory,
+    screenshots: Path,
+    tmp_path: Path,
+) -> None:
+    # "refund $12.00" where the browser honours the override, next to the real $1200.00.
+    hostile = f"Customer asked for a partial {BIDI}{INVISIBLE} only"
+    order = new_order(demo_db, 200_000)
+    task = refund_task(order, "1200.00")
+    task["script"][1]["why"] = hostile
+    task["script"][1]["args"]["reason"] = hostile
+    assert ingress.start_run(run_id, task).status_code == 202
+    [mail] = wait_for_email(outbox_dir, run_id)
+    assert hidden_characters(mail.text) == [] and "[U+202E]00.21$ dnufer[U+202C]" in mail.text
+
+    email = open_email(new_context(**PHONE), mail, tmp_path)
+    email.screenshot(path=str(screenshots / "email-bidi-marked.png"), full_page=True)
+    in_email = email.inner_text("body")
+    page = ApprovalPage.from_email(email, "Review and approve")
+    assert page.heading.inner_text() == f"Refund $1200.00 to order {order}"
+    page.screenshot(screenshots, "page-bidi-marked")
+    for shown in (in_email, page.text()):
+        # Before this fix, the text held U+202E and read "refund $12.00" beside the real amount.
+        assert hidden_characters(shown) == [], "no bidi control or zero-width character reaches the reader"
+        assert all(marker in shown for marker in MARKERS)
+        assert "[U+202E]00.21$ dnufer[U+202C]" in shown and "1200.00" in shown
+    ingress.call("AgentRun", run_id, "cancel", {"reason": "test cleanup"})
