@@ -9,4 +9,9 @@ from handlers.cli import main
 try:
     sys.exit(main())
 except ValidationError as exc:
-    sys.exit(f"configuration error: {exc}")
+    # One line, naming each bad variable as it is spelled in the environment.
+    problems = "; ".join(
+        f"{'.'.join(str(part) for part in error['loc']).upper()}: {error['msg'].removeprefix('Value error, ')}"
+        for error in exc.errors()
+    )
+    sys.exit(f"configuration error: {problems}")

@@ -1,5 +1,6 @@
 """The one ASGI app: the Restate endpoint under `/restate/`, the approval pages, the Resend webhook and
-`/healthz`.
+`/healthz`. `create_app` is public API: it also serves the user's own Restate services (see
+handlers.services), so one app and one registration carry both.
 
 Guarantee: any error a page handler did not expect becomes a uniform 500 page with no detail, every
 page response carries the security headers, and the Restate endpoint is exactly the SDK's, with the
@@ -10,7 +11,7 @@ dev); the pages call Restate through a client that uses the same cipher.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import restate
@@ -23,13 +24,9 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from handlers.agent_run import agent_run
-from handlers.audit import approval_audit
 from handlers.codec import journal_codec
-from handlers.delivery import email_delivery
-from handlers.inbox import approval_inbox
+from handlers.services import RestateService, endpoint_services
 from handlers.settings import Settings
-from handlers.trust import tool_stats, trust_ramp
 from handlers.web.hardening import RESTATE_PREFIX, SecurityHeaders, http_error
 from handlers.web.inbox_page import InboxPage
 from handlers.web.pages import ApprovalPages
@@ -40,17 +37,11 @@ from handlers.web.webhooks import ResendWebhooks
 log = logging.getLogger("countersign.app")
 
 
-def restate_endpoint(settings: Settings) -> RestateAppT:
-    services: list[restate.Service | restate.VirtualObject | restate.Workflow] = [
-        agent_run,
-        approval_inbox,
-        approval_audit,
-        tool_stats,
-        trust_ramp,
-        email_delivery,
-    ]
+def restate_endpoint(settings: Settings, services: Sequence[RestateService] = ()) -> RestateAppT:
+    """Countersign's services, those named by COUNTERSIGN_SERVICES, then `services`; all of them under
+    the same request identity keys and journal codec."""
     return restate.app(
-        services=services,
+        services=endpoint_services(settings, services),
         identity_keys=settings.restate_identity_keys or None,
         journal_value_codec=journal_codec(settings),
     )
@@ -65,9 +56,13 @@ async def unexpected(_: Request, exc: Exception) -> Response:
     return notice(500, "Something went wrong", "Nothing was decided. Please try again in a minute.")
 
 
-def create_app(settings: Settings) -> ASGIApp:
-    """`/restate/...` goes straight to the SDK; Starlette (pages, webhook, health) gets the rest.
-    Mounted inside Starlette, every frame the SDK streams would pass through its middleware layers."""
+def create_app(settings: Settings, services: Sequence[RestateService] = ()) -> ASGIApp:
+    """The ASGI app: `/restate/...` serves Countersign's services, those named by COUNTERSIGN_SERVICES
+    and `services` (Restate Services, VirtualObjects, Workflows); the pages, webhook and health get the
+    rest. A service that is not one of those, or a name served twice, raises `ValueError`.
+
+    `/restate/...` goes straight to the SDK: mounted inside Starlette, every frame the SDK streams
+    would pass through its middleware layers."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -88,7 +83,7 @@ def create_app(settings: Settings) -> ASGIApp:
     )
     # No redirects at all: Starlette would build the slash-redirect's Location from the Host header.
     pages.router.redirect_slashes = False
-    endpoint = restate_endpoint(settings)
+    endpoint = restate_endpoint(settings, services)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and str(scope["path"]).startswith(RESTATE_PREFIX + "/"):

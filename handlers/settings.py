@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 SigningKeys = Annotated[dict[str, bytes], NoDecode]
 _IDENTITY_KEY = re.compile(r"^publickeyv1_[1-9A-HJ-NP-Za-km-z]{32,64}$")
+_SERVICE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
 class Settings(BaseSettings):
@@ -38,6 +39,8 @@ class Settings(BaseSettings):
     approvals_security_contact: str | None = Field(default=None, pattern=r"^[^@\s<>\"']{1,64}@[A-Za-z0-9.-]{1,190}$")
     restate_identity_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     countersign_journal_keys: SigningKeys = Field(default_factory=dict)
+    # The user's own Restate services, served by the same endpoint (imported by handlers.services).
+    countersign_services: Annotated[list[str], NoDecode] = Field(default_factory=list)
     model: str = "scripted"
     # The providers' own variables, passed to their SDKs explicitly.
     openai_api_key: SecretStr | None = None
@@ -81,6 +84,16 @@ class Settings(BaseSettings):
             if not _IDENTITY_KEY.match(key):
                 raise ValueError(f"{key[:24]!r}... is not a Restate request identity key (publickeyv1_<base58>)")
         return keys
+
+    @field_validator("countersign_services", mode="before")
+    @classmethod
+    def _parse_service_paths(cls, raw: object) -> list[str]:
+        items = [str(k) for k in raw] if isinstance(raw, list) else str(raw or "").split(",")
+        paths = [k.strip() for k in items if k.strip()]
+        for path in paths:
+            if not _SERVICE_PATH.match(path):
+                raise ValueError(f"{path[:80]!r} is not package.module:ATTR (comma-separated for several)")
+        return paths
 
     @field_validator("countersign_journal_keys", mode="before")
     @classmethod

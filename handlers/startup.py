@@ -1,7 +1,8 @@
 """Checks run once before serving: the process refuses to start on bad configuration.
 
-Guarantee: missing signing keys, an unreadable policy file, an unknown default model or an
-unwritable outbox stop the process with a one-line reason, before any request is accepted; so do
+Guarantee: missing signing keys, an unreadable policy file, an unknown default model, an
+unwritable outbox or a `COUNTERSIGN_SERVICES` entry that cannot be served stop the process with a
+one-line reason, before any request is accepted; so do
 missing request identity keys or journal keys outside dev/test (an endpoint anyone could invoke, a
 journal in plaintext).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from handlers.llm import ModelUnavailable, check_model
+from handlers.services import ServicesError, endpoint_services
 from handlers.settings import Settings, require_production_keys, require_signing_keys
 from handlers.tools import default_registry
 
@@ -34,3 +36,7 @@ def check(settings: Settings) -> None:
         except OSError as exc:
             raise SystemExit(f"APPROVALS_OUTBOX_DIR {settings.approvals_outbox_dir}: {exc}") from None
     require_production_keys(settings)
+    try:
+        endpoint_services(settings)
+    except ServicesError as exc:
+        raise SystemExit(str(exc)) from None
