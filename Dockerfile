@@ -1,6 +1,19 @@
 # The handlers for HTTP platforms that scale to zero (Cloud Run, Knative, Fly.io): one process serving
 # the Restate endpoint under /restate, the approval pages and /healthz. See docs/deployment.md.
 #   docker build -t countersign .        (podman build -t countersign . works the same)
+
+# Stage 1: build the wheel. It carries the package data the app reads at run time: the email
+# templates (email_templates/ becomes handlers/mail/email_templates/) and handlers/hypercorn.toml.
+FROM python:3.11-slim AS wheel
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY handlers ./handlers
+COPY email_templates ./email_templates
+RUN pip wheel --no-deps -w /dist .
+
+# Stage 2: the wheel installed (not editable) with its dependencies pinned by requirements.lock; no
+# source tree in the image.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -11,14 +24,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     APPROVALS_OUTBOX_DIR=/tmp/outbox \
     DEMO_DB=/tmp/demo/business.db
 
-WORKDIR /app
-COPY pyproject.toml requirements.lock README.md hypercorn.toml ./
-COPY handlers ./handlers
-COPY email_templates ./email_templates
-# Editable: the app reads hypercorn.toml and email_templates/ from beside the package, as in the repo.
-RUN pip install -c requirements.lock -e . \
+COPY requirements.lock /tmp/requirements.lock
+COPY --from=wheel /dist /tmp/dist
+RUN pip install -c /tmp/requirements.lock /tmp/dist/*.whl \
+    && rm -rf /tmp/dist /tmp/requirements.lock \
     && useradd --system --uid 10001 --no-create-home countersign
 
+# An empty working directory: nothing is read from beside the package.
+WORKDIR /app
 USER countersign
 EXPOSE 8080
 # The platform sets PORT. exec: python is PID 1 and gets SIGTERM, which `serve` turns into a graceful stop.

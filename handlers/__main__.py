@@ -14,4 +14,4 @@ except ValidationError as exc:
         f"{'.'.join(str(part) for part in error['loc']).upper()}: {error['msg'].removeprefix('Value error, ')}"
         for error in exc.errors()
     )
-    sys.exit(f"configuration error: {problems}")
+    sys.exit(f"configuration error: {problems}" if exc.title == "Settings" else f"error: {exc.title}: {problems}")

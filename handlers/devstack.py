@@ -1,10 +1,13 @@
 """`python -m handlers dev`: the whole local stack in one command.
 
-Guarantee: starts restate-server (the pinned npm binary, `restate.toml`, data in `.restate/`),
+Guarantee: starts restate-server (the pinned npm binary, `restate.toml`, data in `.restate/` of the
+folder it runs in, as `.outbox/` and `.demo/` are),
 serves the handlers on 127.0.0.1:9080, registers them, and on Ctrl-C or SIGTERM stops everything it
 started, by PID. Every wait is bounded; a busy port or a missing binary is a one-line error. Dev is
 protected like production: restate-server signs its requests with a generated ed25519 key that the
 handlers require, and journal values are sealed with a generated key (all kept in `.restate/`).
+Every operator command run from the same folder finds that journal key when `COUNTERSIGN_JOURNAL_KEYS`
+is not set (`journal_keys`).
 """
 
 from __future__ import annotations
@@ -27,13 +30,19 @@ import httpx
 from handlers import identity, startup
 from handlers.codec import JournalCipher, JournalValueUnreadable, journal_codec
 from handlers.server import serve
-from handlers.settings import get_settings, parse_journal_keys
+from handlers.settings import Settings, get_settings, parse_journal_keys
 
 REPO = Path(__file__).resolve().parents[1]
-DATA_DIR = REPO / ".restate"
+# Relative, like the outbox and demo database defaults: resolved against the folder the command runs in.
+DATA_DIR = Path(".restate")
 IDENTITY_PEM = DATA_DIR / "identity_private.pem"
+DEV_JOURNAL_KEYS = DATA_DIR / "dev-journal-keys"
 INGRESS, ADMIN, HANDLERS = "127.0.0.1:8080", "127.0.0.1:9070", "127.0.0.1:9080"
 DEMO_GOAL = "Refund order 1042 for $612.40"
+NO_JOURNAL_KEYS = (
+    "COUNTERSIGN_JOURNAL_KEYS is not set (and there is no dev stack key in .restate/ here: "
+    "run from the folder `python -m handlers dev` runs in, or set the handlers' keys)"
+)
 
 
 def restate_binary(name: str = "restate-server") -> Path:
@@ -64,7 +73,20 @@ def _dev_secret(name: str, make: str) -> str:
 
 
 def dev_journal_keys() -> str:
-    return _dev_secret("dev-journal-keys", "dev1:" + base64.b64encode(os.urandom(32)).decode())
+    return _dev_secret(DEV_JOURNAL_KEYS.name, "dev1:" + base64.b64encode(os.urandom(32)).decode())
+
+
+def journal_keys(settings: Settings) -> dict[str, bytes]:
+    """The keys an operator command opens journal values with: `COUNTERSIGN_JOURNAL_KEYS`, else the dev
+    stack's generated key in `.restate/` (never created here), else none."""
+    if settings.countersign_journal_keys or not DEV_JOURNAL_KEYS.exists():
+        return settings.countersign_journal_keys
+    try:
+        return parse_journal_keys(DEV_JOURNAL_KEYS.read_text(encoding="utf-8").strip())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(
+            f"COUNTERSIGN_JOURNAL_KEYS is not set and {DEV_JOURNAL_KEYS.resolve()} is unusable: {exc}"
+        ) from None
 
 
 def _wait_ok(url: str, proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
@@ -188,14 +210,13 @@ read them with: curl -s http://{INGRESS}/restate/workflow/AgentRun/refund-1/outp
 
 def decode_stdin() -> int:
     """`python -m handlers decode`: print the value on stdin, opened with the journal keys."""
-    keys = get_settings().countersign_journal_keys
-    if not keys and (DATA_DIR / "dev-journal-keys").exists():
-        keys = parse_journal_keys(dev_journal_keys())
+    keys = journal_keys(get_settings())
     if not keys:
-        raise SystemExit("COUNTERSIGN_JOURNAL_KEYS is not set (and there is no dev stack key in .restate/)")
+        raise SystemExit(NO_JOURNAL_KEYS)
     try:
         opened = JournalCipher(keys).open(sys.stdin.buffer.read().strip())
     except JournalValueUnreadable as exc:
-        raise SystemExit(str(exc)) from None
+        hint = "" if "COUNTERSIGN_JOURNAL_KEYS" in str(exc) else " (is COUNTERSIGN_JOURNAL_KEYS the handlers' key?)"
+        raise SystemExit(f"{exc}{hint}") from None
     sys.stdout.buffer.write(opened + b"\n")
     return 0

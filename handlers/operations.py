@@ -3,6 +3,9 @@
 Guarantee: read paths use Restate's admin SQL and read-only handlers; write paths go only through
 the workflows' own handlers (`reassign`, `cancel`), so an operator can never bypass the rules a
 run enforces. Every failure is an `OperationError` with a message for people, never a traceback.
+Journal values are opened with `COUNTERSIGN_JOURNAL_KEYS`, else the dev stack's key (`.restate/`, see
+handlers.devstack); a sealed value without a key, or one the key cannot open, is an error naming
+`COUNTERSIGN_JOURNAL_KEYS`, and `reassign` / `cancel` check the key on the run before they write.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import httpx
 import restate
 
 from handlers.audit import AuditLog, ChainedEntry, verify
-from handlers.codec import JournalValueUnreadable, journal_codec
+from handlers.codec import ENVELOPE, JournalCipher, JournalValueUnreadable
 from handlers.contract import CancelRequest, ReassignRequest
+from handlers.devstack import NO_JOURNAL_KEYS, journal_keys
 from handlers.run_state import RunState, assemble
 from handlers.settings import Settings
 
@@ -47,7 +51,8 @@ def seconds(text: str) -> int:
 class Operations:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.codec = journal_codec(settings)
+        keys = journal_keys(settings)
+        self.codec = JournalCipher(keys) if keys else None
 
     def _sql(self, query: str) -> list[dict[str, Any]]:
         try:
@@ -72,14 +77,19 @@ class Operations:
                 headers = {"content-type": "application/json"} if body is not None else None
                 return await client.generic_call(service, handler, raw, key=key, headers=headers)
 
+        what = f"{service}/{handler}"
         try:
-            return json.loads(asyncio.run(call()) or b"null")
+            answer = self._opened(asyncio.run(call()), what)
         except restate.HttpError as exc:
-            raise OperationError(f"{service}/{handler} refused: {_message(exc.body)}") from None
+            raise OperationError(f"{what} refused: {_message(exc.body)}") from None
         except httpx.HTTPError as exc:
             raise OperationError(f"Restate ingress unreachable at {self.settings.restate_ingress_url}: {exc}") from None
         except JournalValueUnreadable as exc:
-            raise OperationError(f"{service}/{handler}: {exc}") from None
+            raise OperationError(_unreadable(what, exc)) from None
+        try:
+            return json.loads(answer or b"null")
+        except ValueError:
+            raise OperationError(f"{what} answered something that is not JSON") from None
 
     def runs(self) -> list[RunState]:
         """Every run with its approvals (without its actions, which no operator command reads here).
@@ -89,10 +99,13 @@ class Operations:
         for row in self._sql(_RUN_STATES):
             if row.get("value_utf8"):
                 where = (row["service_name"], row["service_key"])
-                values.setdefault(where, {})[row["key"]] = self._open(row["value_utf8"])
+                values.setdefault(where, {})[row["key"]] = self._opened(row["value_utf8"].encode(), "run state")
         runs: dict[str, RunState] = {}
         for (service, _), stored in sorted(values.items(), key=lambda item: item[0][0] == "Approval"):
-            found = assemble(stored)
+            try:
+                found = assemble(stored)
+            except ValueError as exc:  # pydantic's ValidationError: state this version cannot read
+                raise OperationError(f"run state unreadable: {str(exc).splitlines()[0]}") from None
             if found is None:
                 continue
             if found.run_id in runs and service == "Approval":
@@ -101,12 +114,16 @@ class Operations:
                 runs.setdefault(found.run_id, found)
         return list(runs.values())
 
-    def _open(self, value: str) -> bytes:
-        """A state value as stored: sealed when the journal is encrypted (see handlers.codec)."""
+    def _opened(self, value: bytes, what: str) -> bytes:
+        """A value as stored or answered: sealed when the journal is encrypted (see handlers.codec)."""
+        if self.codec is None:
+            if value.lstrip().startswith(ENVELOPE):
+                raise OperationError(f"{what} is sealed (journal encryption) and {NO_JOURNAL_KEYS}")
+            return value
         try:
-            return self.codec.open(value.encode()) if self.codec else value.encode()
+            return self.codec.open(value)
         except JournalValueUnreadable as exc:
-            raise OperationError(f"run state: {exc}") from None
+            raise OperationError(_unreadable(what, exc)) from None
 
     def pending(
         self, *, approver: str | None = None, tool: str | None = None, older_than: int | None = None, now: float
@@ -143,12 +160,18 @@ class Operations:
         status["audit"] = {a["approval_id"]: self.audit_log(a["approval_id"]) for a in status["approvals"]}
         return dict(status)
 
+    def _check_keys(self, run_id: str) -> None:
+        """Open the run's (read-only) status before a write: a missing or wrong key stops here, not
+        after the handler has acted on a request it could read but whose answer we cannot."""
+        self._call("AgentRun", run_id, "status", None)
+
     def reassign(self, approval_id: str, to: str, replacing: str | None, reason: str) -> dict[str, Any]:
-        run_of(approval_id)  # refuses what is not an approval id, with the form they have
+        self._check_keys(run_of(approval_id))
         request = ReassignRequest(approval_id=approval_id, to=to, replacing=replacing, reason=reason)
         return dict(self._call("Approval", approval_id, "reassign", request.model_dump()))
 
     def cancel(self, run_id: str, reason: str) -> dict[str, Any]:
+        self._check_keys(run_id)
         return dict(self._call("AgentRun", run_id, "cancel", CancelRequest(reason=reason).model_dump()))
 
     def cancel_older_than(self, limit: int, reason: str, now: float) -> list[dict[str, Any]]:
@@ -196,6 +219,11 @@ def run_of(approval_id: str) -> str:
     if not sep or not index.isdigit() or not run_id:
         raise OperationError(f"{approval_id!r} is not an approval id (they look like <run id>-a<number>)")
     return run_id
+
+
+def _unreadable(what: str, exc: JournalValueUnreadable) -> str:
+    hint = "" if "COUNTERSIGN_JOURNAL_KEYS" in str(exc) else " (is COUNTERSIGN_JOURNAL_KEYS the handlers' key?)"
+    return f"{what}: {exc}{hint}"
 
 
 def _message(body: str | None) -> str:

@@ -2,7 +2,8 @@
 
 Guarantee: SIGTERM and SIGINT both trigger hypercorn's graceful shutdown. (The Restate SDK installs
 its own SIGTERM handler on the first request, displacing hypercorn's; we register through the SDK's
-hook list so ours still runs.) The committed `hypercorn.toml` sets the HTTP/2 limits Restate needs.
+hook list so ours still runs.) The committed `hypercorn.toml` (package data, so an installed wheel has it
+too) sets the HTTP/2 limits Restate needs; it is always applied.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 from restate.server import install_shutdown_hook
 
-HYPERCORN_TOML = Path(__file__).resolve().parents[1] / "hypercorn.toml"
+HYPERCORN_TOML = Path(__file__).resolve().parent / "hypercorn.toml"
 
 
 def hypercorn_config(bind: str) -> Config:
-    config = Config.from_toml(HYPERCORN_TOML) if HYPERCORN_TOML.exists() else Config()
+    # No silent fallback to hypercorn's defaults: they close a Restate connection after 1000 requests.
+    config = Config.from_toml(HYPERCORN_TOML)
     config.bind = [bind]
     return config
 

@@ -225,10 +225,15 @@ def test_the_container_file_copies_what_the_app_reads_and_serves_on_port() -> No
     """Docker cannot run here; this checks what can be checked without building the image."""
     dockerfile = (REPO / "Dockerfile").read_text()
     lines = [line.strip() for line in dockerfile.splitlines() if line.strip() and not line.startswith("#")]
-    assert lines[0] == "FROM python:3.11-slim"
-    copied = {src for line in lines if line.startswith("COPY ") for src in line.split()[1:-1]}
-    assert {"handlers", "email_templates", "hypercorn.toml", "requirements.lock", "pyproject.toml"} <= copied
+    stages = [line for line in lines if line.startswith("FROM ")]
+    assert stages == ["FROM python:3.11-slim AS wheel", "FROM python:3.11-slim"]
+    from_context = [line.split()[1:-1] for line in lines if line.startswith("COPY ") and "--from=" not in line]
+    copied = {src for sources in from_context for src in sources}
+    assert {"handlers", "email_templates", "requirements.lock", "pyproject.toml"} <= copied
     assert all((REPO / src).exists() for src in copied)
+    # The image runs the built wheel, installed with the locked dependencies, never an editable checkout.
+    assert "RUN pip install -c /tmp/requirements.lock /tmp/dist/*.whl \\" in lines
+    assert not any(" -e " in line for line in lines if line.startswith("RUN "))
     allowed = {line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines() if line[:1] == "!"}
     assert copied <= allowed, "the build context must include every copied path"
     [cmd] = [line for line in lines if line.startswith("CMD ")]

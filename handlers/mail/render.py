@@ -1,5 +1,8 @@
 """Render emails from the Jinja2 templates in `email_templates/` (autoescape on for HTML).
 
+The templates are package data: the wheel carries the repo's top-level `email_templates/` as
+`handlers/mail/email_templates/` (see pyproject.toml), and a source checkout reads the top-level folder.
+
 Guarantee: rendering is a pure function of its inputs (no clock, no randomness, no network), so a
 retried send renders byte-identical content for the same journaled values. The HTML part has its
 stylesheet inlined into `style` attributes (mail clients drop `<style>` blocks) and no images.
@@ -14,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +27,24 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoes
 from handlers.textsafety import finalize
 from handlers.timewords import duration
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "email_templates"
 MAX_SUBJECT = 180
+
+
+def template_dir() -> Path:
+    """The installed package's templates, else (running from a source checkout) the repo's folder."""
+    packaged = Path(str(resources.files("handlers.mail") / "email_templates"))
+    if packaged.is_dir():
+        return packaged
+    checkout = Path(__file__).resolve().parents[2] / "email_templates"
+    if checkout.is_dir():
+        return checkout
+    raise RuntimeError(f"email templates not found in {packaged} or {checkout}: a broken install")
 
 
 @functools.cache
 def environment() -> Environment:
     env = Environment(
-        loader=FileSystemLoader(TEMPLATE_DIR),
+        loader=FileSystemLoader(template_dir()),
         autoescape=select_autoescape(enabled_extensions=("html",), default_for_string=False),
         undefined=StrictUndefined,
         keep_trailing_newline=True,
