@@ -36,6 +36,9 @@ _MAX_TOKEN = 400
 _KID = re.compile(r"^[A-Za-z0-9]{1,16}$")
 _B64 = re.compile(r"^[A-Za-z0-9_-]+$")
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+# One spelling per number: without this `~00~` and `~0~` carry the same claims (and so the same tag),
+# giving one approval several valid token strings (and idempotency keys, and audit handles).
+_CANONICAL_INT = re.compile(r"0|[1-9][0-9]{0,11}")
 
 
 class LinkInvalid(Exception):
@@ -86,7 +89,7 @@ def parse(token: str) -> LinkClaims:
         if len(fields) != 5 or len(_unb64(parts[3])) != 32:
             raise malformed
         run_id = fields[0]
-        numbers = [int(f) for f in fields[1:] if f.isdigit() and len(f) <= 12]
+        numbers = [int(f) for f in fields[1:] if _CANONICAL_INT.fullmatch(f)]
     except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
         raise malformed from exc
     if not RUN_ID.match(run_id) or len(numbers) != 4:

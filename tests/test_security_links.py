@@ -107,6 +107,23 @@ def test_every_record_field_is_bound(changes: dict[str, object]) -> None:
     assert refused(TOKEN, record(**changes))
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [{"index": "02"}, {"slot": "01"}, {"slot": "001"}, {"round": "01"}, {"exp": "02000"}],
+    ids=["index", "slot", "slot-twice", "round", "exp"],
+)
+def test_a_number_with_a_leading_zero_is_refused(fields: dict[str, object]) -> None:
+    """The tag covers the numbers, not their spelling: `~01~` would verify like `~1~`, giving one
+    approval several valid token strings (and so several idempotency keys)."""
+    spelled = with_body(TOKEN, **fields)
+    with pytest.raises(links.LinkInvalid) as caught:
+        links.check(spelled, record(), KEYS, NOW)
+    assert caught.value.status == 400
+    zero_slot = links.mint(record(), 0, KEYS, "k1")
+    assert links.check(zero_slot, record(), KEYS, NOW)[1] == "valid", "a plain 0 is the canonical zero"
+    assert refused(with_body(zero_slot, slot="00"))
+
+
 def test_another_tenants_token_is_refused_even_with_the_shared_secret() -> None:
     globex = record(tenant="globex")
     theirs = links.mint(globex, 1, KEYS, "k1")
