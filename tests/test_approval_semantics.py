@@ -60,6 +60,29 @@ def test_edit_before_approve_executes_the_edited_amount_and_tells_the_model(
     assert refunds_for(demo_db, run_id) == [(f"{run_id}/0", order, 50000)]
 
 
+def test_an_edit_that_rounds_to_nothing_is_refused_on_the_page(
+    app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    """0.004 is above zero but rounds to 0.00 cents: refused when the approver submits it (a 400 that
+    decides nothing), not accepted and then failed at execution."""
+    order = new_order(demo_db, 125000)
+    ingress.start_run(run_id, task(refund_step(order, "700.00")))
+    [mail] = wait_for_email(outbox_dir, run_id)
+    data = {"csrf": form_csrf(mail.link), "verdict": "approve"}
+    origin = {"Origin": app_server.url}
+    for tiny in ("0.004", "0.0049"):
+        refused = httpx.post(mail.link, data={**data, "edit.amount_usd": tiny}, headers=origin, timeout=30)
+        assert refused.status_code == 400 and "not valid" in refused.text and "at least 0.01" in refused.text, tiny
+    [pending] = ingress.status(run_id)["pending"]
+    assert pending["approvals"] == 0, "a refused edit decides nothing"
+
+    smallest = httpx.post(mail.link, data={**data, "edit.amount_usd": "0.005"}, headers=origin, timeout=30)
+    assert smallest.status_code == 200 and "700.00 → 0.01" in smallest.text
+    action = ingress.wait_output(run_id).json()["actions"][0]
+    assert action["outcome"] == "approved_with_edits" and action["args"]["amount_usd"] == "0.01"
+    assert refunds_for(demo_db, run_id) == [(f"{run_id}/0", order, 1)]
+
+
 def test_rejection_reason_drives_a_scripted_follow_up(
     app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
 ) -> None:
