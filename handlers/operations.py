@@ -1,8 +1,10 @@
-"""Operator commands behind the CLI: pending, show, reassign, cancel, audit export/verify, stats.
+"""Operator commands behind the CLI: pending, show, reassign, cancel, inbox revoke, audit
+export/verify, stats.
 
 Guarantee: read paths use Restate's admin SQL and read-only handlers; write paths go only through
-the workflows' own handlers (`reassign`, `cancel`), so an operator can never bypass the rules a
-run enforces. Every failure is an `OperationError` with a message for people, never a traceback.
+the workflows' and objects' own handlers (`reassign`, `cancel`, `ApprovalInbox.revoke_links`), so an
+operator can never bypass the rules a run enforces. Every failure is an `OperationError` with a
+message for people, never a traceback.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import restate
 
 from handlers.audit import AuditLog, ChainedEntry, verify
 from handlers.codec import JournalValueUnreadable, journal_codec
-from handlers.contract import CancelRequest, ReassignRequest
+from handlers.contract import EMAIL_PATTERN, CancelRequest, ReassignRequest
 from handlers.run_state import RunState, assemble
 from handlers.settings import Settings
 
@@ -142,6 +144,12 @@ class Operations:
     def cancel_older_than(self, limit: int, reason: str, now: float) -> list[dict[str, Any]]:
         stale = sorted({row["run_id"] for row in self.pending(older_than=limit, now=now)})
         return [self.cancel(run_id, reason) for run_id in stale]
+
+    def inbox_revoke(self, approver: str) -> dict[str, Any]:
+        """Every inbox link issued to `approver` until now stops working (approval links do not: reassign)."""
+        if not re.fullmatch(EMAIL_PATTERN, approver):
+            raise OperationError(f"{approver!r} is not an email address")
+        return dict(self._call("ApprovalInbox", approver.lower(), "revoke_links", None))
 
     def audit_log(self, approval_id: str) -> list[dict[str, Any]]:
         log = AuditLog.model_validate(self._call("ApprovalAudit", approval_id, "entries", None))

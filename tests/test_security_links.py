@@ -271,3 +271,21 @@ def test_random_edits_of_a_valid_token_are_refused(data: st.DataObject) -> None:
             token = token[:i] + ch + token[i:]
     if token != TOKEN:
         assert refused(token)
+
+
+def test_inbox_tokens_carry_when_they_were_made() -> None:
+    made = links.inbox_token("b@example.com", KEYS, "k1", 2000, issued_ms=1_234_567)
+    assert links.inbox_claims(made, KEYS, NOW) == links.InboxClaims("b@example.com", 1_234_567, 2000)
+    assert links.check_inbox_token(made, KEYS, NOW) == "b@example.com"
+    version, kid, body, tag = made.split(".")
+    later = b64(unb64(body).replace(b"~1234567~", b"~9234567~"))
+    with pytest.raises(links.LinkInvalid):
+        links.inbox_claims(".".join([version, kid, later, tag]), KEYS, NOW)  # the issue time is signed
+    # A link made before tokens carried it (`approver~exp`) still opens, dated to the start of its 30 days.
+    old_body = b"b@example.com~2000"
+    old_tag = hmac.new(SECRET_1, b"countersign.inbox.v1\x00" + old_body, hashlib.sha256).digest()
+    old = f"v1.k1.{b64(old_body)}.{b64(old_tag)}"
+    assert links.inbox_claims(old, KEYS, NOW).issued_ms == (2000 - links.INBOX_LINK_DAYS * 86400) * 1000
+    with pytest.raises(links.LinkInvalid) as caught:
+        links.inbox_claims(made, KEYS, 2000)
+    assert caught.value.status == 410
