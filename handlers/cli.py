@@ -1,4 +1,5 @@
-"""Command line: `python -m handlers dev | serve | pending | show | reassign | cancel | audit | stats | decode`.
+"""Command line: `python -m handlers dev | serve | pending | show | reassign | cancel | inbox | audit | stats |
+decode`.
 
 Guarantee: bad arguments print a usage error (exit 2), refused or failed operations a one-line
 reason (exit 1); never a traceback. `--json` gives scripts the same facts the tables show people.
@@ -16,8 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
-
 
 def _bind(value: str) -> str:
     if not re.match(r"^[\w.\[\]:-]+:\d{1,5}$", value):
@@ -26,7 +25,9 @@ def _bind(value: str) -> str:
 
 
 def _email(value: str) -> str:
-    if not _EMAIL.match(value):
+    from handlers.contract import EMAIL_PATTERN  # what the handlers accept, so a refusal is a usage error
+
+    if not re.fullmatch(EMAIL_PATTERN, value):
         raise argparse.ArgumentTypeError(f"{value!r} is not an email address")
     return value
 
@@ -63,6 +64,12 @@ def parser() -> argparse.ArgumentParser:
     cancel.add_argument("run_id", nargs="?")
     cancel.add_argument("--older-than", type=_duration, metavar="AGE")
     cancel.add_argument("--reason", required=True)
+    inbox = commands.add_parser("inbox", help="an approver's inbox links")
+    inbox_commands = inbox.add_subparsers(dest="inbox_command", required=True)
+    revoke = inbox_commands.add_parser(
+        "revoke", help="every inbox link issued to this approver until now stops working (newer ones work)"
+    )
+    revoke.add_argument("approver", type=_email)
     audit = commands.add_parser("audit", help="export or verify the hash-chained audit trail")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True)
     export = audit_commands.add_parser("export", help="JSON Lines of every audit entry")
@@ -72,7 +79,7 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("file", type=Path, nargs="?", help="an export (default: standard input)")
     check.add_argument("--offline", action="store_true", help="check the chains only, not against Restate")
     commands.add_parser("stats", help="the trust ramp: per-tool decision figures")
-    for sub in (pending, show, reassign, cancel, check, commands.choices["stats"]):
+    for sub in (pending, show, reassign, cancel, revoke, check, commands.choices["stats"]):
         sub.add_argument("--json", action="store_true", help="machine-readable output")
     commands.add_parser(
         "decode",
@@ -135,6 +142,8 @@ def _operate(args: argparse.Namespace) -> int:
             return _out(args, ops.cancel(args.run_id, args.reason))
         rows = ops.cancel_older_than(args.older_than, args.reason, time.time())
         return _out(args, rows, ["run_id", "accepted", "cancelled_approvals"])
+    if args.command == "inbox":
+        return _out(args, ops.inbox_revoke(args.approver))
     if args.command == "stats":
         tools = ops.stats()["tools"]
         columns = [

@@ -12,7 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-EMAIL_PATTERN = r"^[^@\s<>\"']{1,64}@[A-Za-z0-9.-]{1,190}\.[A-Za-z]{2,24}$"
+# ASCII letters, digits and `._%+-` before the @: addresses are shown to people in emails and pages
+# and used as object keys, so no commas (a second recipient), quotes, angle brackets, control,
+# invisible or bidirectional characters. Use it with `re.fullmatch` (`$` alone lets a final newline in).
+EMAIL_PATTERN = r"^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9.-]{1,190}\.[A-Za-z]{2,24}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 MAX_TOOL_ARGS_BYTES = 64 * 1024
 """The most one tool call's arguments may weigh as JSON (the demo tools' largest valid call is ~5 KB)."""

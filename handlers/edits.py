@@ -29,6 +29,9 @@ def apply_edits(
             raise EditRejected(f"{name} cannot be edited")
     try:
         executed = tool.validate({**frozen, **edits}).model_dump(mode="json")
+        # What runs is this dump, validated again at execution: a model that normalises a value (rounds
+        # it, say) must accept its own output, or the approval would fail later instead of here.
+        tool.validate(executed)
     except ValidationError as exc:
         raise EditRejected(f"the edited values are not valid: {validation_message(exc)}") from None
     changed = {name: executed[name] for name in edits if executed[name] != frozen.get(name)}

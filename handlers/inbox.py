@@ -1,8 +1,10 @@
 """`ApprovalInbox`: a Virtual Object per approver (key = email) listing what waits for them.
 
-Guarantee: it changes only through `apply`, which runs receive as journaled one-way sends on every
-transition (requested, reminded, escalated, reassigned, decided, closed), so it converges on the
-runs' own state; applying the same event twice changes nothing.
+Guarantee: its entries change only through `apply`, which runs receive as journaled one-way sends on
+every transition (requested, reminded, escalated, reassigned, decided, closed), so it converges on the
+runs' own state; applying the same event twice changes nothing. `revoke_links` (the operator's
+`inbox revoke`) moves the approver's revocation point to now: the inbox page refuses every inbox link
+made before it; it only ever moves forward.
 """
 
 from __future__ import annotations
@@ -45,10 +47,17 @@ class InboxItem(InboxEntry):
 class InboxView(BaseModel):
     approver: str
     pending: list[InboxItem] = Field(default_factory=list)
+    revoked_before_ms: int = Field(default=0, description="inbox links made before this are refused")
+
+
+class InboxRevocation(BaseModel):
+    approver: str
+    revoked_before_ms: int
 
 
 approval_inbox = restate.VirtualObject("ApprovalInbox", description="Pending approvals of one approver.")
 _ENTRY = "entry:"
+_REVOKED = "revoked_before_ms"
 
 
 # One state key per entry, read lazily: an event touches only its own entry, so its cost (and what it
@@ -78,4 +87,16 @@ async def pending(ctx: ObjectSharedContext) -> InboxView:
         InboxItem(**e.model_dump(), age_seconds=round(now - e.requested_at, 1), left_seconds=round(e.deadline - now, 1))
         for e in sorted((e for e in entries if e is not None), key=lambda e: e.requested_at)
     ]
-    return InboxView(approver=ctx.key(), pending=items)
+    revoked = await ctx.get(_REVOKED, type_hint=int) or 0
+    return InboxView(approver=ctx.key(), pending=items, revoked_before_ms=revoked)
+
+
+# Called only by the operator CLI (`python -m handlers inbox revoke EMAIL`) through the ingress, like
+# AgentRun's reassign and cancel: it must stay reachable there, and no run ever calls it.
+@approval_inbox.handler(name="revoke_links", journal_retention=retention.NO_JOURNAL)
+async def revoke_links(ctx: ObjectContext) -> InboxRevocation:
+    """Every inbox link made for this approver until now stops working; links made later work."""
+    now_ms = int(await ctx.time() * 1000)
+    revoked = max(now_ms, await ctx.get(_REVOKED, type_hint=int) or 0)
+    ctx.set(_REVOKED, revoked)
+    return InboxRevocation(approver=ctx.key(), revoked_before_ms=revoked)

@@ -36,6 +36,10 @@ _MAX_TOKEN = 400
 _KID = re.compile(r"^[A-Za-z0-9]{1,16}$")
 _B64 = re.compile(r"^[A-Za-z0-9_-]+$")
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+# One spelling per number: without this `~00~` and `~0~` carry the same claims (and so the same tag),
+# giving one approval several valid token strings (and idempotency keys, and audit handles).
+_CANONICAL_INT = re.compile(r"0|[1-9][0-9]{0,11}")
+_CANONICAL_MILLIS = re.compile(r"0|[1-9][0-9]{0,15}")
 
 
 class LinkInvalid(Exception):
@@ -86,7 +90,7 @@ def parse(token: str) -> LinkClaims:
         if len(fields) != 5 or len(_unb64(parts[3])) != 32:
             raise malformed
         run_id = fields[0]
-        numbers = [int(f) for f in fields[1:] if f.isdigit() and len(f) <= 12]
+        numbers = [int(f) for f in fields[1:] if _CANONICAL_INT.fullmatch(f)]
     except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
         raise malformed from exc
     if not RUN_ID.match(run_id) or len(numbers) != 4:
@@ -121,29 +125,53 @@ def check(token: str, record: ApprovalRecord, keys: dict[str, bytes], now: float
     return claims, "expired" if now >= expiry(record) else "valid"
 
 
-def inbox_token(approver: str, keys: dict[str, bytes], kid: str, exp: int) -> str:
-    """A link to an approver's own inbox page. Unlike approval links it must name the person."""
-    body = f"{approver}~{exp}".encode()
+@dataclass(frozen=True)
+class InboxClaims:
+    approver: str
+    issued_ms: int
+    """When the link was made (ms since the epoch): a revocation refuses every link made before it."""
+    exp: int
+
+
+def inbox_token(approver: str, keys: dict[str, bytes], kid: str, exp: int, *, issued_ms: int | None = None) -> str:
+    """A link to an approver's own inbox page. Unlike approval links it must name the person.
+
+    `issued_ms` defaults to the start of its INBOX_LINK_DAYS, the earliest a link with this expiry
+    could have been made."""
+    issued = (exp - INBOX_LINK_DAYS * 86400) * 1000 if issued_ms is None else issued_ms
+    body = f"{approver}~{issued}~{exp}".encode()
     tag = hmac.new(keys[kid], _INBOX_DOMAIN + body, hashlib.sha256).digest()
     return f"{VERSION}.{kid}.{_b64(body)}.{_b64(tag)}"
 
 
 def check_inbox_token(token: str, keys: dict[str, bytes], now: float) -> str:
     """The approver an inbox token names; LinkInvalid if forged, malformed or expired."""
+    return inbox_claims(token, keys, now).approver
+
+
+def inbox_claims(token: str, keys: dict[str, bytes], now: float) -> InboxClaims:
+    """What an authentic, unexpired inbox token says; LinkInvalid otherwise. Whether the approver has
+    revoked their links since `issued_ms` is for the caller to check (it lives in `ApprovalInbox`)."""
     invalid = LinkInvalid("This link is not valid.")
     parts = token.split(".")
     if len(token) > _MAX_TOKEN or len(parts) != 4 or parts[0] != VERSION or parts[1] not in keys:
         raise invalid
     try:
         body, tag = _unb64(parts[2]), _unb64(parts[3])
-        approver, _, exp = body.decode().rpartition("~")
+        fields = body.decode().rsplit("~", 2)
     except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
         raise invalid from exc
     if not hmac.compare_digest(tag, hmac.new(keys[parts[1]], _INBOX_DOMAIN + body, hashlib.sha256).digest()):
         raise invalid
-    if not exp.isdigit() or now >= int(exp):
+    if len(fields) == 3 and _CANONICAL_MILLIS.fullmatch(fields[1]):
+        approver, issued, exp = fields[0], int(fields[1]), fields[2]
+    else:  # made before links carried their issue time: `approver~exp`
+        approver, _, exp = body.decode().rpartition("~")
+        issued = None
+    if not _CANONICAL_INT.fullmatch(exp) or now >= int(exp):
         raise LinkInvalid("This inbox link has expired; open a newer approval email.", status=410)
-    return approver
+    issued_ms = (int(exp) - INBOX_LINK_DAYS * 86400) * 1000 if issued is None else issued
+    return InboxClaims(approver, issued_ms, int(exp))
 
 
 def csrf_token(token: str, keys: dict[str, bytes], kid: str) -> str:

@@ -1,11 +1,13 @@
-"""Operator commands behind the CLI: pending, show, reassign, cancel, audit export/verify, stats.
+"""Operator commands behind the CLI: pending, show, reassign, cancel, inbox revoke, audit
+export/verify, stats.
 
 Guarantee: read paths use Restate's admin SQL and read-only handlers; write paths go only through
-the workflows' own handlers (`reassign`, `cancel`), so an operator can never bypass the rules a
-run enforces. Every failure is an `OperationError` with a message for people, never a traceback.
-Journal values are opened with `COUNTERSIGN_JOURNAL_KEYS`, else the dev stack's key (`.restate/`, see
-handlers.devstack); a sealed value without a key, or one the key cannot open, is an error naming
-`COUNTERSIGN_JOURNAL_KEYS`, and `reassign` / `cancel` check the key on the run before they write.
+the workflows' and objects' own handlers (`reassign`, `cancel`, `ApprovalInbox.revoke_links`), so an
+operator can never bypass the rules a run enforces. Every failure is an `OperationError` with a
+message for people, never a traceback. Journal values are opened with `COUNTERSIGN_JOURNAL_KEYS`, else
+the dev stack's key (`.restate/`, see handlers.devstack); a sealed value without a key, or one the key
+cannot open, is an error naming `COUNTERSIGN_JOURNAL_KEYS`, and `reassign` / `cancel` check the key on
+the run before they write.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import restate
 
 from handlers.audit import AuditLog, ChainedEntry, verify
 from handlers.codec import ENVELOPE, JournalCipher, JournalValueUnreadable
-from handlers.contract import CancelRequest, ReassignRequest
+from handlers.contract import EMAIL_PATTERN, CancelRequest, ReassignRequest
 from handlers.devstack import NO_JOURNAL_KEYS, journal_keys
 from handlers.run_state import RunState, assemble
 from handlers.settings import Settings
@@ -177,6 +179,12 @@ class Operations:
     def cancel_older_than(self, limit: int, reason: str, now: float) -> list[dict[str, Any]]:
         stale = sorted({row["run_id"] for row in self.pending(older_than=limit, now=now)})
         return [self.cancel(run_id, reason) for run_id in stale]
+
+    def inbox_revoke(self, approver: str) -> dict[str, Any]:
+        """Every inbox link issued to `approver` until now stops working (approval links do not: reassign)."""
+        if not re.fullmatch(EMAIL_PATTERN, approver):
+            raise OperationError(f"{approver!r} is not an email address")
+        return dict(self._call("ApprovalInbox", approver.lower(), "revoke_links", None))
 
     def audit_log(self, approval_id: str) -> list[dict[str, Any]]:
         log = AuditLog.model_validate(self._call("ApprovalAudit", approval_id, "entries", None))

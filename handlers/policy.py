@@ -62,7 +62,7 @@ class ToolPolicy(BaseModel):
     @classmethod
     def _check_approvers(cls, approvers: tuple[str, ...]) -> tuple[str, ...]:
         for approver in approvers:
-            if not re.match(EMAIL_PATTERN, approver):
+            if not re.fullmatch(EMAIL_PATTERN, approver):
                 raise ValueError(f"approver {approver!r} is not an email address")
         normalized = tuple(a.lower() for a in approvers)
         if len(set(normalized)) != len(normalized):

@@ -60,6 +60,29 @@ def test_edit_before_approve_executes_the_edited_amount_and_tells_the_model(
     assert refunds_for(demo_db, run_id) == [(f"{run_id}/0", order, 50000)]
 
 
+def test_an_edit_that_rounds_to_nothing_is_refused_on_the_page(
+    app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    """0.004 is above zero but rounds to 0.00 cents: refused when the approver submits it (a 400 that
+    decides nothing), not accepted and then failed at execution."""
+    order = new_order(demo_db, 125000)
+    ingress.start_run(run_id, task(refund_step(order, "700.00")))
+    [mail] = wait_for_email(outbox_dir, run_id)
+    data = {"csrf": form_csrf(mail.link), "verdict": "approve"}
+    origin = {"Origin": app_server.url}
+    for tiny in ("0.004", "0.0049"):
+        refused = httpx.post(mail.link, data={**data, "edit.amount_usd": tiny}, headers=origin, timeout=30)
+        assert refused.status_code == 400 and "not valid" in refused.text and "at least 0.01" in refused.text, tiny
+    [pending] = ingress.status(run_id)["pending"]
+    assert pending["approvals"] == 0, "a refused edit decides nothing"
+
+    smallest = httpx.post(mail.link, data={**data, "edit.amount_usd": "0.005"}, headers=origin, timeout=30)
+    assert smallest.status_code == 200 and "700.00 → 0.01" in smallest.text
+    action = ingress.wait_output(run_id).json()["actions"][0]
+    assert action["outcome"] == "approved_with_edits" and action["args"]["amount_usd"] == "0.01"
+    assert refunds_for(demo_db, run_id) == [(f"{run_id}/0", order, 1)]
+
+
 def test_rejection_reason_drives_a_scripted_follow_up(
     app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
 ) -> None:
@@ -311,3 +334,45 @@ def test_batch_one_email_and_one_page_per_approver_with_partial_decisions(
     assert [a["outcome"] for a in result["actions"]] == ["approved", "rejected", "approved", "autonomous"]
     assert result["actions"][1]["reason"] == "one refund is enough"
     assert refunds_for(demo_db, run_id) == [(f"{run_id}/0", first, 70000)]
+
+
+def test_a_batch_link_from_a_replaced_round_answers_410_and_decides_nothing(
+    app_server: AppServer, ingress: Ingress, outbox_dir: Path, run_id: str
+) -> None:
+    """Reassigning ops's part of a 2-of-2 deletion starts round 2 of that item. The batch links of round 1
+    (security's, entered through that item; ops's, handed on) stop working, as a single page's do: the
+    batch page must not mint round-2 tokens for them. Security's fresh round-2 email still decides."""
+    delete = {"tool": "delete_customer", "args": {"customer_id": "c_31", "reason": "duplicate"}}
+    email = {"tool": "email_customer", "args": {"customer_id": "c_17", "subject": "Bye", "body": "Closing."}}
+    ingress.start_run(run_id, task({**delete, "also": [email]}))
+    by_person = {m.message["To"]: m for m in wait_for_email(outbox_dir, run_id, kind="batch", count=2)}
+    ops, security = by_person["ops@example.com"], by_person["security@example.com"]
+    csrf = {mail.link: form_csrf(mail.link) for mail in (ops, security)}
+    moved = ingress.call(
+        "AgentRun",
+        run_id,
+        "reassign",
+        {"approval_id": f"{run_id}-a0", "to": "carol@example.com", "replacing": "ops@example.com"},
+    )
+    assert moved.status_code == 200 and moved.json()["accepted"], moved.text
+    fresh = wait_for_email(outbox_dir, run_id, count=2)  # round 2 of the deletion: carol and security
+    assert {m.message["To"] for m in fresh} == {"carol@example.com", "security@example.com"}
+
+    origin = {"Origin": app_server.url}
+    everything = {"verdict.0": "approve", "confirm.0": "c_31", "verdict.1": "approve"}
+    for mail, title in ((security, "Link replaced"), (ops, "Handed on")):
+        page = open_page(mail.link)
+        assert page.status_code == 410 and title in page.text, mail.message["To"]
+        posted = httpx.post(mail.link, data={"csrf": csrf[mail.link], **everything}, headers=origin, timeout=30)
+        assert posted.status_code == 410 and title in posted.text, mail.message["To"]
+    status = ingress.status(run_id)
+    assert [p["approvals"] for p in status["pending"]] == [0, 0], "nothing was decided"
+    assert all(v["kind"] not in ("approve", "reject") for a in status["approvals"] for v in a["votes"])
+
+    [new_link] = [m.link for m in fresh if m.message["To"] == "security@example.com"]
+    page = open_page(new_link)
+    assert page.status_code == 200 and page.text.count('type="radio"') == 3, "the round-2 item only"
+    approve = {"csrf": form_csrf(new_link), "verdict.0": "approve", "confirm.0": "c_31"}
+    assert httpx.post(new_link, data=approve, headers=origin, timeout=30).status_code == 200
+    wait_until(lambda: ingress.status(run_id)["pending"][0]["approvals"] == 1, 10, "the round-2 approval")
+    ingress.call("AgentRun", run_id, "cancel", {"reason": "test done"})

@@ -19,11 +19,13 @@ from support.approver import LINK, open_page
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, free_port, wait_until
 from support.records import approval_record
+from test_security_journal import everything_restate_holds
 
+from handlers.codec import ENVELOPE, JournalCipher
 from handlers.contract import ApprovalRecord, Vote
 from handlers.delivery import DeliveryFailure, slot_verdict
 from handlers.mail.intent import tag_value
-from handlers.settings import Settings
+from handlers.settings import Settings, parse_journal_keys
 from handlers.web.webhooks import ResendWebhooks
 
 SECRET = "whsec_" + "c2VjcmV0LXNlY3JldC1zZWNyZXQtMTIzNDU2Nzg5MA=="
@@ -236,6 +238,28 @@ def test_a_bounced_approval_email_is_recorded_as_that_approvers_failure(
     assert (
         failed["detail"] == "Permanent General: The recipient's mail server rejected <address>: mailbox does not exist."
     )
+
+
+def test_the_events_it_hands_to_restate_are_sealed_in_the_journal(
+    stack: IsolatedStack, fake: FakeResend, run_id: str
+) -> None:
+    """The route calls `EmailDelivery` through a client with the journal codec: the server journals a
+    call's input as it arrives, so a client without it would leave the event there in plaintext."""
+    mail = approval_email(stack, fake, run_id)
+    bounce = fake.webhook("email.bounced", mail)
+    assert fake.post_webhook(f"{stack.app.url}/webhooks/resend", bounce).status_code == 200
+    wait_until(lambda: delivery_log(stack, f"{run_id}-a0")["failures"] or None, 30, "the bounce to be recorded")
+
+    held = everything_restate_holds(stack.restate, f"{run_id}-a0")
+    for plaintext in (mail.id, "mailbox does not exist", bounce.headers["svix-id"] + '"'):
+        assert plaintext not in held, f"{plaintext!r} is journaled in plaintext"
+    cipher = JournalCipher(parse_journal_keys(stack.env["COUNTERSIGN_JOURNAL_KEYS"]))
+    states = stack.restate.sql(
+        f"select value_utf8 from state where service_name = 'EmailDelivery' and service_key = '{run_id}-a0'"
+    )
+    assert states and all(row["value_utf8"].encode().startswith(ENVELOPE) for row in states)
+    opened = " ".join(cipher.open(row["value_utf8"].encode()).decode() for row in states)
+    assert mail.id in opened and "mailbox does not exist" in opened, "the search looks where the event is"
 
 
 def test_a_bounce_with_nobody_left_to_ask_resolves_the_approval_as_undeliverable(

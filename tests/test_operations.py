@@ -267,3 +267,43 @@ def test_inbox_page(app_server: AppServer, ingress: Ingress, outbox_dir: Path, d
     assert httpx.get(inbox_url[:-3] + "AAA", timeout=30).status_code == 403
     assert "Refund $700.00" in open_page(mail.link).text
     ingress.call("AgentRun", run_id, "cancel", {"reason": "cleanup"})
+
+
+def test_inbox_revoke_stops_every_earlier_inbox_link_and_newer_ones_work(
+    app_server: AppServer, restate_server: RestateServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    person = f"inbox-{run_id[-8:]}@example.com"  # an approver of this test only: revocation is per person
+
+    def hand_to_person(run: str) -> str:
+        """Start a refund, reassign it to `person`, and return the inbox link of the email they get."""
+        ingress.start_run(run, refund_task(new_order(demo_db, 100000)))
+        wait_for_email(outbox_dir, run)
+        moved = cli(restate_server, "reassign", f"{run}-a0", "--to", person)
+        assert moved.returncode == 0, moved.stderr
+        mail = next(m for m in wait_for_email(outbox_dir, run, count=2) if m.message["To"] == person)
+        assert "Anyone with this link can open and decide all of it for 30 days." in mail.text
+        assert "anyone with that link can open and decide all of it for 30 days" in mail.html
+        wait_until(lambda: f"{run}-a0" in inbox(ingress, person), 20, f"{run} in the inbox")
+        [url] = [u for u in mail.text.split() if "/inbox/" in u]
+        return url
+
+    first_run, second_run = f"{run_id}-1", f"{run_id}-2"
+    older = hand_to_person(first_run)
+    assert httpx.get(older, timeout=30).status_code == 200
+
+    bad = cli(restate_server, "inbox", "revoke", f"{person},mallory@example.com")
+    assert bad.returncode == 2 and "not an email address" in bad.stderr
+    revoked = cli(restate_server, "inbox", "revoke", person.upper(), "--json")
+    assert revoked.returncode == 0, revoked.stderr
+    answer = json.loads(revoked.stdout)
+    assert answer["approver"] == person and answer["revoked_before_ms"] > 0
+    refused = httpx.get(older, timeout=30)
+    assert refused.status_code == 410 and "revoked" in refused.text and "Refund $700.00" not in refused.text
+    assert httpx.head(older, timeout=30).status_code == 410
+
+    newer = hand_to_person(second_run)
+    page = httpx.get(newer, timeout=30)
+    assert page.status_code == 200 and page.text.count("Refund $700.00") == 2, "both approvals, one fresh link"
+    assert httpx.get(older, timeout=30).status_code == 410, "still revoked"
+    for run in (first_run, second_run):
+        ingress.call("AgentRun", run, "cancel", {"reason": "cleanup"})

@@ -107,6 +107,23 @@ def test_every_record_field_is_bound(changes: dict[str, object]) -> None:
     assert refused(TOKEN, record(**changes))
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [{"index": "02"}, {"slot": "01"}, {"slot": "001"}, {"round": "01"}, {"exp": "02000"}],
+    ids=["index", "slot", "slot-twice", "round", "exp"],
+)
+def test_a_number_with_a_leading_zero_is_refused(fields: dict[str, object]) -> None:
+    """The tag covers the numbers, not their spelling: `~01~` would verify like `~1~`, giving one
+    approval several valid token strings (and so several idempotency keys)."""
+    spelled = with_body(TOKEN, **fields)
+    with pytest.raises(links.LinkInvalid) as caught:
+        links.check(spelled, record(), KEYS, NOW)
+    assert caught.value.status == 400
+    zero_slot = links.mint(record(), 0, KEYS, "k1")
+    assert links.check(zero_slot, record(), KEYS, NOW)[1] == "valid", "a plain 0 is the canonical zero"
+    assert refused(with_body(zero_slot, slot="00"))
+
+
 def test_another_tenants_token_is_refused_even_with_the_shared_secret() -> None:
     globex = record(tenant="globex")
     theirs = links.mint(globex, 1, KEYS, "k1")
@@ -254,3 +271,21 @@ def test_random_edits_of_a_valid_token_are_refused(data: st.DataObject) -> None:
             token = token[:i] + ch + token[i:]
     if token != TOKEN:
         assert refused(token)
+
+
+def test_inbox_tokens_carry_when_they_were_made() -> None:
+    made = links.inbox_token("b@example.com", KEYS, "k1", 2000, issued_ms=1_234_567)
+    assert links.inbox_claims(made, KEYS, NOW) == links.InboxClaims("b@example.com", 1_234_567, 2000)
+    assert links.check_inbox_token(made, KEYS, NOW) == "b@example.com"
+    version, kid, body, tag = made.split(".")
+    later = b64(unb64(body).replace(b"~1234567~", b"~9234567~"))
+    with pytest.raises(links.LinkInvalid):
+        links.inbox_claims(".".join([version, kid, later, tag]), KEYS, NOW)  # the issue time is signed
+    # A link made before tokens carried it (`approver~exp`) still opens, dated to the start of its 30 days.
+    old_body = b"b@example.com~2000"
+    old_tag = hmac.new(SECRET_1, b"countersign.inbox.v1\x00" + old_body, hashlib.sha256).digest()
+    old = f"v1.k1.{b64(old_body)}.{b64(old_tag)}"
+    assert links.inbox_claims(old, KEYS, NOW).issued_ms == (2000 - links.INBOX_LINK_DAYS * 86400) * 1000
+    with pytest.raises(links.LinkInvalid) as caught:
+        links.inbox_claims(made, KEYS, 2000)
+    assert caught.value.status == 410

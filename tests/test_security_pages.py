@@ -7,12 +7,13 @@ just a broken link).
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 import pytest
@@ -20,7 +21,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from support.approver import ApprovalEmail, form_csrf, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import AppServer, Ingress, RestateServer
+from support.processes import AppServer, Ingress, RestateServer, wait_until
 
 from handlers import confirm
 from handlers.web.views import SECURITY_HEADERS
@@ -339,3 +340,31 @@ def test_fuzzed_forms_are_a_4xx_and_decide_nothing(
     }[origin]
     reply = httpx.post(link, data=data, headers=headers, timeout=30)
     assert 400 <= reply.status_code < 500, (reply.status_code, data, headers)
+
+
+def test_a_client_that_disconnects_mid_body_is_no_error(
+    pending: ApprovalEmail, app_server: AppServer, ingress: Ingress, restate_server: RestateServer, run_id: str
+) -> None:
+    """A browser closed (or a connection dropped) while the form was on its way: nothing to answer and
+    nothing went wrong on our side, so one INFO line and no ERROR, no traceback in the app's log."""
+    parts = urlsplit(pending.link)
+    log_path = app_server.log_path
+    start = log_path.stat().st_size
+    head = (
+        f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nOrigin: {app_server.url}\r\n"
+        "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 4000\r\n\r\n"
+    )
+    for sent in ("", "csrf=abc&verdict=appr"):
+        with socket.create_connection((parts.hostname or "", parts.port or 80), timeout=30) as raw:
+            raw.sendall(head.encode() + sent.encode())
+
+    def logged() -> list[str] | None:
+        lines = log_path.read_bytes()[start:].decode(errors="replace").splitlines()
+        ended = [line for line in lines if "disconnected" in line or "ERROR" in line or "Traceback" in line]
+        return lines if len(ended) >= 2 else None
+
+    lines = wait_until(logged, 20, "the app to log both disconnects")
+    assert not [line for line in lines if "ERROR" in line or "Traceback" in line or 'File "' in line], lines
+    assert sum("a client disconnected before its form arrived" in line for line in lines) == 2, lines
+    assert_nothing_decided(restate_server, ingress, run_id)
+    assert submit(pending.link, "approve", confirm="1500.00").status_code == 200

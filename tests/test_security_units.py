@@ -8,6 +8,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -22,7 +23,7 @@ from restate.exceptions import RetryableError
 
 from handlers import confirm, identity, startup
 from handlers.codec import ENVELOPE, JournalCipher, JournalValueUnreadable
-from handlers.contract import ApprovalRecord
+from handlers.contract import EMAIL_PATTERN, AgentTask, ApprovalRecord, ReassignRequest
 from handlers.policy import ToolPolicy, evaluate
 from handlers.redact import ScrubbedError, clean_failures, scrub, scrubbed
 from handlers.settings import Settings, parse_journal_keys
@@ -293,3 +294,61 @@ def test_typed_confirmation_matches_what_will_run() -> None:
     assert confirm.expected(confirm_record("fingerprint")) == "0123456789ab"
     assert confirm.expected(confirm_record(None)) is None
     assert "1500" not in confirm.REFUSAL, "the refusal names no value (error text is not encrypted)"
+
+
+# -- email addresses (requesters, reassignment targets, policy approvers) ---------------------------
+
+GOOD_ADDRESSES = [
+    "alice@example.com",
+    "Carol.Smith@Example.COM",
+    "finance-lead@example.com",
+    "first.last+approvals@mail.example.co.uk",
+    "a_b%c@sub-domain.example.org",
+    "x@y.io",
+]
+BAD_ADDRESSES = [
+    "alice@example.com,mallory@evil.example",
+    "alice,mallory@example.com",
+    "ali\u200bce@example.com",  # zero-width space
+    "alice\u2060@example.com",  # word joiner
+    "alice\u202e@example.com",  # right-to-left override
+    "\ufeffalice@example.com",  # byte-order mark
+    "ali\x00ce@example.com",
+    "ali\x07ce@example.com",
+    "ali\x7fce@example.com",
+    "alice@example.com\n",
+    "alice@example.com\r\nBcc: mallory@evil.example",
+    "al ice@example.com",
+    '"alice"@example.com',
+    "<alice@example.com>",
+    "alice;mallory@example.com",
+    "alicé@example.com",
+    "alice@exämple.com",
+    "alice@example",
+    "@example.com",
+]
+
+
+@pytest.mark.parametrize("address", GOOD_ADDRESSES)
+def test_ordinary_addresses_are_accepted_everywhere(address: str) -> None:
+    assert AgentTask(goal="g", requester=address).requester == address
+    assert ReassignRequest(approval_id="r-a0", to=address, replacing=address).to == address
+    assert ToolPolicy(gated=True, approvers=(address,)).approvers == (address.lower(),)
+
+
+@pytest.mark.parametrize("address", BAD_ADDRESSES, ids=repr)
+def test_commas_control_and_invisible_characters_are_refused_everywhere(address: str) -> None:
+    with pytest.raises(ValidationError):
+        AgentTask(goal="g", requester=address)
+    with pytest.raises(ValidationError):
+        ReassignRequest(approval_id="r-a0", to=address)
+    with pytest.raises(ValidationError):
+        ReassignRequest(approval_id="r-a0", to="carol@example.com", replacing=address)
+    with pytest.raises(ValidationError, match="is not an email address"):
+        ToolPolicy(gated=True, approvers=("ops@example.com", address))
+
+
+def test_the_demo_policies_approvers_stay_valid() -> None:
+    for tool in default_registry():
+        for approver in (*tool.policy.approvers, *tool.policy.escalate_to):
+            assert re.fullmatch(EMAIL_PATTERN, approver), (tool.name, approver)

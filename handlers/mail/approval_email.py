@@ -60,7 +60,7 @@ def approval_request(
         approver=record.approvers[slot],
         approve_url=f"{url}?intent=approve",
         reject_url=f"{url}?intent=reject",
-        inbox_url=_inbox_url(record.approvers[slot], record, settings),
+        inbox_url=_inbox_url(record.approvers[slot], record, settings, at),
         now=at,
         pending=True,
         number=max(1, record.reminders_sent),
@@ -96,7 +96,7 @@ def batch_request(records: list[ApprovalRecord], slots: list[int], goal: str, se
         goal=goal,
         approver=approver,
         url=url,
-        inbox_url=_inbox_url(approver, first, settings),
+        inbox_url=_inbox_url(approver, first, settings, first.round_started_at),
         now=first.round_started_at,
     )
     tags = tags_for("batch", first.run_id, first.approval_id, first.round, slot)
@@ -116,10 +116,12 @@ def batch_request(records: list[ApprovalRecord], slots: list[int], goal: str, se
     )
 
 
-def _inbox_url(approver: str, record: ApprovalRecord, settings: Settings) -> str:
-    """The approver's own page of everything waiting for them (expiry from the round: deterministic)."""
+def _inbox_url(approver: str, record: ApprovalRecord, settings: Settings, sent_at: float) -> str:
+    """The approver's own page of everything waiting for them (expiry from the round: deterministic;
+    made at `sent_at`, which is what a revocation, `inbox revoke`, compares against)."""
     expires = int(record.round_started_at) + links.INBOX_LINK_DAYS * 86400
-    token = links.inbox_token(approver, settings.approvals_signing_keys, settings.signing_kid, expires)
+    keys, kid = settings.approvals_signing_keys, settings.signing_kid
+    token = links.inbox_token(approver, keys, kid, expires, issued_ms=int(sent_at * 1000))
     return f"{settings.approvals_public_url}/inbox/{token}"
 
 

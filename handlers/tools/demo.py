@@ -18,7 +18,12 @@ from handlers.tools.registry import EditRule, EffectContext, Tool, ToolError
 
 
 def _cents(value: Decimal) -> Decimal:
-    return value.quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    cents = value.quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    # The bounds below run before rounding: 0.004 passes `gt=0` and becomes 0.00, which the effect
+    # (and the next validation of the executed arguments) would refuse. Check what will run.
+    if cents <= 0:
+        raise ValueError(f"must be at least 0.01 once rounded to cents (got {value})")
+    return cents
 
 
 Usd = Annotated[Decimal, Field(gt=0, le=1_000_000), AfterValidator(_cents)]

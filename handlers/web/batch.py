@@ -1,8 +1,10 @@
 """The batch page: several actions proposed in one turn, decided item by item on one page.
 
 Guarantee: an item is decided only through its `Approval.decide` with a link token for that item and
-this approver (minted here, verified again by the workflow); items left undecided stay pending, so
-partial approval works; GET changes nothing. When no item was accepted and one call failed in a way
+this approver (minted here, verified again by the workflow), and only while the item is still in the
+round of the link that opened the page (the pages refuse a replaced or expired link before coming
+here; an item whose round moved on was sent a fresh link of its own); items left undecided stay
+pending, so partial approval works; GET changes nothing. When no item was accepted and one call failed in a way
 that may have reached the workflow (5xx), the answer is 503 "not confirmed", never "not decided".
 """
 
@@ -22,11 +24,15 @@ from handlers.web.runs_client import RunCallFailed, RunsClient
 from handlers.web.views import notice, page, remaining, when
 
 
-def items_for(status: RunStatus, record: ApprovalRecord, approver: str) -> list[tuple[ApprovalRecord, int]]:
-    """(item, this approver's slot) for every item of the batch this approver is asked about."""
+def items_for(
+    status: RunStatus, record: ApprovalRecord, approver: str, link_round: int
+) -> list[tuple[ApprovalRecord, int]]:
+    """(item, this approver's slot) for every item of the batch this approver is asked about in the
+    link's round. The items of a batch are frozen and emailed together in one round, so an item in
+    another round was reassigned, escalated or asked again since, with its own newer email."""
     found = []
     for item in status.approvals:
-        if item.index in record.batch and item.tenant == record.tenant:
+        if item.index in record.batch and item.tenant == record.tenant and item.round == link_round:
             slots = [s for s in item.active_slots if item.approvers[s] == approver]
             if slots:
                 found.append((item, slots[0]))
@@ -37,7 +43,9 @@ def voted(item: ApprovalRecord, slot: int) -> bool:
     return any(v.slot == slot and v.round == item.round for v in item.votes)
 
 
-def render(settings: Settings, token: str, status: RunStatus, record: ApprovalRecord, approver: str) -> Response:
+def render(
+    settings: Settings, token: str, status: RunStatus, record: ApprovalRecord, approver: str, link_round: int
+) -> Response:
     now = time.time()
     items = [
         {
@@ -48,7 +56,7 @@ def render(settings: Settings, token: str, status: RunStatus, record: ApprovalRe
             "confirm_label": confirm.label(item),
             "confirm_value": confirm.expected(item),
         }
-        for item, slot in items_for(status, record, approver)
+        for item, slot in items_for(status, record, approver, link_round)
     ]
     csrf = links.csrf_token(token, settings.approvals_signing_keys, settings.signing_kid)
     return page("batch.html", items=items, approver=approver, goal=status.goal or "", csrf=csrf)
@@ -60,11 +68,12 @@ async def decide_items(
     status: RunStatus,
     record: ApprovalRecord,
     approver: str,
+    link_round: int,
     form: FormData,
     client: str,
 ) -> Response:
     chosen: list[tuple[ApprovalRecord, int, Literal["approve", "reject"], str]] = []
-    for item, slot in items_for(status, record, approver):
+    for item, slot in items_for(status, record, approver, link_round):
         reason = str(form.get(f"reason.{item.index}", "")).strip()[:2000]
         match form.get(f"verdict.{item.index}"):
             case "approve":

@@ -1,7 +1,9 @@
 """`GET /inbox/{token}`: an approver's own list of what waits for them, with a link to each.
 
-Guarantee: read-only; the token is signed for one approver and expires; each listed link is a
-fresh approval-link token for that approver's current slot, so the inbox never offers a stale one.
+Guarantee: read-only; the token is signed for one approver, expires, and is refused once that
+approver's inbox links were revoked after it was made (`python -m handlers inbox revoke`); each listed
+link is a fresh approval-link token for that approver's current slot, so the inbox never offers a
+stale one.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ class InboxPage:
         runs: RunsClient = request.app.state.runs
         keys, now = self.settings.approvals_signing_keys, time.time()
         try:
-            approver = links.check_inbox_token(request.path_params["token"], keys, now)
+            claims = links.inbox_claims(request.path_params["token"], keys, now)
+            approver = claims.approver
             view = await runs.inbox(approver)
+            if claims.issued_ms < view.revoked_before_ms:
+                raise LinkInvalid("This inbox link was revoked; the next approval email brings a new one.", status=410)
             items = [await self._item(runs, approver, entry.approval_id, now) for entry in view.pending]
         except LinkInvalid as exc:
             return notice(exc.status, "Link not valid", exc.reason)

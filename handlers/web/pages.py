@@ -8,12 +8,13 @@ that says what happened; no stack trace, no token, ever reaches a response or a 
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Literal
 from urllib.parse import parse_qsl, urlsplit
 
 from starlette.datastructures import FormData
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -25,6 +26,8 @@ from handlers.settings import Settings
 from handlers.web import batch, wording
 from handlers.web.runs_client import RunCallFailed, RunsClient
 from handlers.web.views import notice, page
+
+log = logging.getLogger("countersign.pages")
 
 
 def _viewed(record: ApprovalRecord, slot: int, request: Request) -> AuditEntry:
@@ -73,7 +76,11 @@ class ApprovalPages:
         if request.method == "GET":
             await runs.note(_viewed(record, claims.slot, request))
         if len(record.batch) > 1:
-            return await self._batch(request, runs, token, status, record, approver)
+            # Before anything else: the batch page mints current-round tokens for its items, so a link
+            # from a replaced round (or past its expiry) must end here, as it does on a single page.
+            if (stale := self._stale(record, claims.slot, link_state, "actions not decided by then were")) is not None:
+                return stale
+            return await self._batch(request, runs, token, status, record, approver, claims.round)
         if request.method == "POST":
             return await self._post(request, runs, token, record)
         if record.state != "pending":
@@ -82,13 +89,8 @@ class ApprovalPages:
             return notice(
                 200, "Already recorded", "Your decision is recorded; the other approvers have not all decided."
             )
-        if link_state == "replaced":
-            if claims.slot not in record.active_slots:
-                now_with = ", ".join(record.approvers[s] for s in record.active_slots)
-                return notice(410, "Handed on", f"This approval was handed to {now_with}; this link no longer works.")
-            return notice(410, "Link replaced", "This link was replaced by a newer one; use the most recent email.")
-        if link_state == "expired":
-            return notice(410, "Link expired", "This link has expired; the action was not approved.")
+        if (stale := self._stale(record, claims.slot, link_state, "the action was")) is not None:
+            return stale
         return page(
             "confirm.html",
             record=record,
@@ -103,16 +105,35 @@ class ApprovalPages:
             fingerprint=record.digest[:12],
         )
 
+    @staticmethod
+    def _stale(record: ApprovalRecord, slot: int, link_state: links.LinkState, what: str) -> Response | None:
+        """The 410 page for an authentic link that no longer decides anything, or None if it is valid."""
+        if link_state == "replaced":
+            if slot not in record.active_slots:
+                now_with = ", ".join(record.approvers[s] for s in record.active_slots)
+                return notice(410, "Handed on", f"This approval was handed to {now_with}; this link no longer works.")
+            return notice(410, "Link replaced", "This link was replaced by a newer one; use the most recent email.")
+        if link_state == "expired":
+            return notice(410, "Link expired", f"This link has expired; {what} not approved.")
+        return None
+
     async def _batch(
-        self, request: Request, runs: RunsClient, token: str, status: RunStatus, record: ApprovalRecord, approver: str
+        self,
+        request: Request,
+        runs: RunsClient,
+        token: str,
+        status: RunStatus,
+        record: ApprovalRecord,
+        approver: str,
+        link_round: int,
     ) -> Response:
         if request.method != "POST":
-            return batch.render(self.settings, token, status, record, approver)
+            return batch.render(self.settings, token, status, record, approver, link_round)
         refusal = await self._check_post(request, token)
         if isinstance(refusal, Response):
             return refusal
         client = request.headers.get("user-agent", "")[:300]
-        return await batch.decide_items(self.settings, runs, status, record, approver, refusal, client)
+        return await batch.decide_items(self.settings, runs, status, record, approver, link_round, refusal, client)
 
     async def _check_post(self, request: Request, token: str) -> FormData | Response:
         """The form of a same-origin POST carrying this link's CSRF value, or the refusal page."""
@@ -221,10 +242,16 @@ class ApprovalPages:
         if not length.isdigit() or int(length) > _MAX_FORM_BYTES:
             return None
         body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > _MAX_FORM_BYTES:  # a body sent without its length (chunked) stops here too
-                return None
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > _MAX_FORM_BYTES:  # a body sent without its length (chunked) stops here too
+                    return None
+        except ClientDisconnect:
+            # A closed tab or a dropped connection, not our failure: nobody reads the answer, and left
+            # to the app's error handler this would be an ERROR with two tracebacks.
+            log.info("a client disconnected before its form arrived; nothing was decided")
+            return None
         try:
             fields = parse_qsl(body.decode(), keep_blank_values=True, errors="strict", max_num_fields=_MAX_FORM_FIELDS)
         except ValueError:  # invalid UTF-8 (raw or percent-encoded), or too many fields

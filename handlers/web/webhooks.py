@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from handlers.codec import journal_codec
 from handlers.delivery import DeliveryEvent, record
 from handlers.links import approval_id
 from handlers.mail.intent import from_tag_value
@@ -43,6 +44,9 @@ def _answer(http_status: int, **body: str) -> JSONResponse:
 class ResendWebhooks:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # The same codec as every client of ours: the server journals a call's input as it arrives,
+        # so without it each DeliveryEvent (email id, bounce detail) would sit there in plaintext.
+        self.codec = journal_codec(settings)
 
     def routes(self) -> list[Route]:
         return [Route("/webhooks/resend", self.receive, methods=["POST"])]
@@ -71,7 +75,8 @@ class ResendWebhooks:
         if not events:
             return _answer(200, status="ignored")
         try:
-            async with restate.create_client(self.settings.restate_ingress_url) as client:
+            ingress = self.settings.restate_ingress_url
+            async with restate.create_client(ingress, journal_value_codec=self.codec) as client:
                 for event in events:
                     key = f"resend-webhook/{svix['id']}/{event.approval_id}"
                     await client.object_send(record, key=event.approval_id, arg=event, idempotency_key=key)
