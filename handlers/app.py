@@ -28,6 +28,7 @@ from handlers.audit import approval_audit
 from handlers.codec import journal_codec
 from handlers.delivery import email_delivery
 from handlers.inbox import approval_inbox
+from handlers.resend_events import resend_webhook
 from handlers.settings import Settings
 from handlers.trust import tool_stats, trust_ramp
 from handlers.web.hardening import RESTATE_PREFIX, SecurityHeaders, http_error
@@ -48,6 +49,7 @@ def restate_endpoint(settings: Settings) -> RestateAppT:
         tool_stats,
         trust_ramp,
         email_delivery,
+        resend_webhook,
     ]
     return restate.app(
         services=services,

@@ -2,7 +2,8 @@
 
 Guarantee: it changes only through `apply`, which runs receive as journaled one-way sends on every
 transition (requested, reminded, escalated, reassigned, decided, closed), so it converges on the
-runs' own state; applying the same event twice changes nothing.
+runs' own state; applying the same event twice changes nothing. `apply` is `ingress_private`: only
+the runs can write an inbox; the ingress can only read one (`pending`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ _ENTRY = "entry:"
 
 # One state key per entry, read lazily: an event touches only its own entry, so its cost (and what it
 # journals) does not grow with the number of approvals waiting for the same person.
-@approval_inbox.handler(name="apply", enable_lazy_state=True, journal_retention=retention.NO_JOURNAL)
+# Only the runs call `apply` (journaled sends); through the ingress anyone could add or remove entries.
+@approval_inbox.handler(
+    name="apply", enable_lazy_state=True, journal_retention=retention.NO_JOURNAL, ingress_private=True
+)
 async def apply(ctx: ObjectContext, event: InboxEvent) -> None:
     """Apply one transition from a run. Idempotent: an older round never overwrites a newer one."""
     key = _ENTRY + event.entry.approval_id

@@ -131,9 +131,9 @@ class Operations:
         status["audit"] = {a["approval_id"]: self.audit_log(a["approval_id"]) for a in status["approvals"]}
         return dict(status)
 
-    def reassign(self, approval_id: str, to: str, replacing: str | None, reason: str) -> dict[str, Any]:
+    def reassign(self, approval_id: str, to: str, replacing: str | None, reason: str, by: str) -> dict[str, Any]:
         run_id = run_of(approval_id)
-        request = ReassignRequest(approval_id=approval_id, to=to, replacing=replacing, reason=reason)
+        request = ReassignRequest(approval_id=approval_id, to=to, replacing=replacing, reason=reason, by=by)
         return dict(self._call("AgentRun", run_id, "reassign", request.model_dump()))
 
     def cancel(self, run_id: str, reason: str) -> dict[str, Any]:
