@@ -338,7 +338,8 @@ async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> Reas
     return await ctx.workflow_call(approval_reassign, key=_own(ctx, request.approval_id), arg=request)
 
 
-@agent_run.handler(name="delivery_failed")
+# Private: kept for deployments whose deliveries still name the run; only Countersign calls it.
+@agent_run.handler(name="delivery_failed", ingress_private=True)
 async def delivery_failed(ctx: WorkflowSharedContext, failure: DeliveryFailure) -> bool:
     """An approver's email bounced or was refused: handed to the approval (which decides what follows)."""
     return await ctx.workflow_call(approval_delivery_failed, key=_own(ctx, failure.approval_id), arg=failure)

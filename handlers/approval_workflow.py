@@ -19,12 +19,14 @@ from pydantic import BaseModel
 from restate import DurablePromise, TerminalError, WorkflowContext, WorkflowSharedContext
 
 from handlers import confirm, links, retention
+from handlers.audit import AuditEntry, append
 from handlers.contract import (
     ApprovalRecord,
     CancelReceipt,
     CancelRequest,
     Decision,
     DecisionReceipt,
+    PageView,
     PendingApproval,
     ReassignReceipt,
     ReassignRequest,
@@ -63,7 +65,9 @@ class ApprovalRequest(BaseModel):
     """Set when the caller already emailed the request (a batch): how many sends were accepted."""
 
 
-@approval.main(name="run", workflow_retention=retention.RUN)
+# Private: a caller's own journaled step freezes what this runs; through the ingress anyone could
+# start an approval of any arguments, for any approvers.
+@approval.main(name="run", workflow_retention=retention.RUN, ingress_private=True)
 async def run(ctx: WorkflowContext, request: ApprovalRequest) -> GateResult:
     """Ask, wait for the decision (reminders, escalation, quorum, deadline), then act on it."""
     record = request.record
@@ -275,6 +279,10 @@ async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> Reas
     if record is None or record.state != "pending":
         raise TerminalError(f"no pending approval {request.approval_id}", 404)
     to = request.to.lower()
+    # Journaled: the policy file and the settings decide this branch, and a replay must take the same one.
+    refusal = await ctx.run_typed("check reassign target", _reassign_refusal, tool=record.tool, to=to)
+    if refusal:
+        raise TerminalError(refusal, 403)
     if to in (record.approvers[s] for s in record.active_slots):
         raise TerminalError(f"{to} already decides this approval (one person counts once)", 400)
     voted = {v.slot for v in record.votes if v.round == record.round}
@@ -294,14 +302,60 @@ async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> Reas
         source="system",
         reason=request.reason or f"reassigned to {to}",
         to=to,
+        asked_by=request.by or "operator",
     )
     accepted = await complete(
         ctx.promise(slot_promise(record.approval_id, record.round, slot), type_hint=Verdict), verdict
     )
-    return ReassignReceipt(approval_id=record.approval_id, accepted=accepted, replaced=record.approvers[slot], to=to)
+    return ReassignReceipt(
+        approval_id=record.approval_id, accepted=accepted, replaced=record.approvers[slot], to=to, by=verdict.asked_by
+    )
 
 
-@approval.handler(name="delivery_failed")
+def _reassign_refusal(tool: str, to: str) -> str:
+    """Empty when the policy lets `to` decide `tool`: one of its approvers or escalation chain, or an
+    address or domain in APPROVALS_REASSIGN_ALLOWED. Otherwise why not (nothing is changed)."""
+    known = default_registry().get(tool)
+    policy_people = set(known.policy.approvers) | set(known.policy.escalate_to) if known else set()
+    if to in policy_people or get_settings().may_reassign_to(to):
+        return ""
+    return (
+        f"{to} may not decide {tool}: reassign only to its approvers or escalation chain, "
+        "or to an address or @domain listed in APPROVALS_REASSIGN_ALLOWED"
+    )
+
+
+@approval.handler(name="viewed", journal_retention=retention.NO_JOURNAL)
+async def viewed(ctx: WorkflowSharedContext, view: PageView) -> None:
+    """An approval page was opened: a `page_viewed` audit entry, at most one per approver slot, round
+    and minute. Re-verifies the link itself (the audit trail cannot be written from the ingress)."""
+    try:
+        claims = links.parse(view.token)
+    except LinkInvalid as exc:
+        raise TerminalError(exc.reason, exc.status) from None
+    record = await _record(ctx) if links.approval_id(claims.run_id, claims.index) == ctx.key() else None
+    if record is None:
+        raise TerminalError("This link is not valid.", 403)
+    check = await ctx.run_typed("verify link", _check_link, token=view.token, record=record)
+    if check.state == "invalid":
+        raise TerminalError(check.reason, check.status)
+    entry = AuditEntry(
+        entry_id=f"page_viewed/r{record.round}/s{claims.slot}/m{int(check.now // 60)}",
+        approval_id=record.approval_id,
+        run_id=record.run_id,
+        tenant=record.tenant,
+        kind="page_viewed",
+        at=check.now,
+        actor=record.approvers[claims.slot],
+        details={"user_agent": view.client[:200]},
+    )
+    # The idempotency key folds the views of one minute into the first: a second view is not a
+    # conflicting entry with the same id, it is not sent at all.
+    ctx.object_send(append, key=record.approval_id, arg=entry, idempotency_key=f"audit/{entry.entry_id}")
+
+
+# Private: only `EmailDelivery.record` calls it, after a verified provider event.
+@approval.handler(name="delivery_failed", ingress_private=True)
 async def delivery_failed(ctx: WorkflowSharedContext, failure: DeliveryFailure) -> bool:
     """An approver's email bounced or was refused: that approver cannot decide this round. The
     workflow then waits for the others, escalates, or ends the approval `undeliverable`. False for a

@@ -1,14 +1,18 @@
 """`ApprovalAudit`: an append-only, hash-chained record per approval (key = approval id).
 
 Guarantee: entry n stores `hash = SHA-256(hash of entry n-1 || canonical JSON of entry n)`, so
-`verify` detects any changed, removed or reordered entry; an append with an `entry_id` already in
-the chain returns the existing entry, so a retried step never appends twice.
+`verify` detects any changed, removed or reordered entry. An append with an `entry_id` already in
+the chain and the same content returns the existing entry, so a retried step never appends twice;
+the same id with *different* content is never silently kept or dropped: it is appended too, logged,
+and `verify` reports the conflict, so a forged or corrupted entry cannot hide the real one. Only
+Countersign's own services can append (`ingress_private`); the ingress can only read.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from typing import Any, Literal
 
 import restate
@@ -16,6 +20,8 @@ from pydantic import BaseModel, Field
 from restate import ObjectContext, ObjectSharedContext
 
 from handlers import retention
+
+logger = logging.getLogger("countersign.audit")
 
 AuditKind = Literal[
     "requested",
@@ -77,8 +83,14 @@ def verify(entries: list[ChainedEntry]) -> list[str]:
     """Problems in one approval's chain, in order; empty when it is intact."""
     problems = []
     prev = GENESIS
+    first_of: dict[str, int] = {}
     for position, entry in enumerate(entries):
         where = f"{entry.approval_id} entry {position}"
+        if (earlier := first_of.setdefault(entry.entry_id, position)) != position:
+            problems.append(
+                f"{where}: entry id {entry.entry_id!r} was already used by entry {earlier} with other content "
+                "(conflicting entries: one of them is forged or corrupted)"
+            )
         if entry.seq != position:
             problems.append(f"{where}: sequence {entry.seq} out of order (removed or reordered entries)")
         if entry.prev != prev:
@@ -93,7 +105,9 @@ approval_audit = restate.VirtualObject("ApprovalAudit", description="Hash-chaine
 _KEY = "log"
 
 
-@approval_audit.handler(name="append", journal_retention=retention.NO_JOURNAL)
+# Appends come only from the runs (journaled sends) and from `AgentRun.viewed`, which re-verifies
+# the approval link first: never from the ingress, where anyone could write a predictable entry id.
+@approval_audit.handler(name="append", journal_retention=retention.NO_JOURNAL, ingress_private=True)
 async def append(ctx: ObjectContext, entry: AuditEntry) -> ChainedEntry:
     log = await ctx.get(_KEY, type_hint=AuditLog) or AuditLog(approval_id=ctx.key())
     known = len(log.entries)
@@ -103,7 +117,7 @@ async def append(ctx: ObjectContext, entry: AuditEntry) -> ChainedEntry:
     return chained
 
 
-@approval_audit.handler(name="append_all", journal_retention=retention.NO_JOURNAL)
+@approval_audit.handler(name="append_all", journal_retention=retention.NO_JOURNAL, ingress_private=True)
 async def append_all(ctx: ObjectContext, batch: AuditEntries) -> None:
     log = await ctx.get(_KEY, type_hint=AuditLog) or AuditLog(approval_id=ctx.key())
     known = len(log.entries)
@@ -114,12 +128,24 @@ async def append_all(ctx: ObjectContext, batch: AuditEntries) -> None:
 
 
 def _append(log: AuditLog, entry: AuditEntry) -> ChainedEntry:
+    """Append `entry` unless an identical one (same id, same content) is already in the chain."""
+    wanted = _content(entry)
+    conflict = False
     for existing in log.entries:
         if existing.entry_id == entry.entry_id:
-            return existing
+            if _content(existing) == wanted:
+                return existing
+            conflict = True
+    if conflict:
+        # Both stay in the chain: `verify` names the conflict, and nothing the run wrote is lost.
+        logger.warning("audit %s: entry id %r arrived again with other content", log.approval_id, entry.entry_id)
     chained = chain(log.head, len(log.entries), entry)
     log.entries.append(chained)
     return chained
+
+
+def _content(entry: AuditEntry) -> dict[str, Any]:
+    return AuditEntry.model_validate(entry.model_dump()).model_dump(mode="json")
 
 
 @approval_audit.handler(name="entries", kind="shared", journal_retention=retention.NO_JOURNAL)

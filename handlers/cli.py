@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import re
 import sys
@@ -30,6 +31,20 @@ def _email(value: str) -> str:
     if not re.fullmatch(EMAIL_PATTERN, value):
         raise argparse.ArgumentTypeError(f"{value!r} is not an email address")
     return value
+
+
+def _asker(value: str) -> str:
+    if not 1 <= len(value.strip()) <= 200:
+        raise argparse.ArgumentTypeError("--by takes 1-200 characters naming who asks")
+    return value.strip()
+
+
+def _operator() -> str:
+    """Who runs the CLI, as the login name says (the default of `reassign --by`)."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no login name (a container without a passwd entry)
+        return "cli"
 
 
 def _duration(value: str) -> int:
@@ -60,6 +75,7 @@ def parser() -> argparse.ArgumentParser:
     reassign.add_argument("--to", type=_email, required=True)
     reassign.add_argument("--from", dest="replacing", type=_email, help="whom to replace, when several decide")
     reassign.add_argument("--reason", default="")
+    reassign.add_argument("--by", type=_asker, default=None, help="who asks, for the audit trail (default: cli:$USER)")
     cancel = commands.add_parser("cancel", help="cancel a run, or every run waiting longer than --older-than")
     cancel.add_argument("run_id", nargs="?")
     cancel.add_argument("--older-than", type=_duration, metavar="AGE")
@@ -136,7 +152,7 @@ def _operate(args: argparse.Namespace) -> int:
     if args.command == "show":
         return _out(args, ops.show(args.run_id))
     if args.command == "reassign":
-        return _out(args, ops.reassign(args.approval_id, args.to, args.replacing, args.reason))
+        return _out(args, ops.reassign(args.approval_id, args.to, args.replacing, args.reason, args.by or _operator()))
     if args.command == "cancel":
         if args.run_id:
             return _out(args, ops.cancel(args.run_id, args.reason))

@@ -254,6 +254,16 @@ class ReassignRequest(Strict):
     to: str = Field(pattern=EMAIL_PATTERN)
     replacing: str | None = Field(default=None, pattern=EMAIL_PATTERN, description="needed when several decide")
     reason: str = Field(default="", max_length=2000)
+    by: str | None = Field(
+        default=None, min_length=1, max_length=200, description="who asked (recorded in the audit trail)"
+    )
+
+
+class PageView(Strict):
+    """Input of `Approval.viewed`: an approval page was opened with this link (re-verified there)."""
+
+    token: str = Field(min_length=10, max_length=400)
+    client: str = Field(default="", max_length=300)
 
 
 class ReassignReceipt(BaseModel):
@@ -261,6 +271,7 @@ class ReassignReceipt(BaseModel):
     accepted: bool
     replaced: str | None = None
     to: str
+    by: str | None = None
 
 
 class CancelReceipt(BaseModel):

@@ -1,8 +1,10 @@
 """`EmailDelivery`: what the mail provider reported about the emails of one approval (Virtual Object,
 key = approval id).
 
-Guarantee: each provider event is recorded once, however often the provider re-delivers it (dedupe
-by event id, on top of the ingress idempotency key the webhook route sends with); an email that
+Guarantee: `record` is `ingress_private`: a provider event reaches it only from
+`ResendWebhook.receive` (handlers/resend_events.py), after the Svix signature was verified there.
+Each provider event is recorded once, however often the provider re-delivers it (dedupe by event
+id, on top of the idempotency key it is sent with); an email that
 carried decision links (request, reminder, escalation) and did not reach its approver (bounced,
 complained, failed, suppressed) is forwarded once per round and approver slot to the approval as a
 `DeliveryFailure` through `Approval.delivery_failed` (same key), which decides what the approval does
@@ -83,7 +85,9 @@ email_delivery = restate.VirtualObject(
 )
 
 
-@email_delivery.handler(name="record", idempotency_retention=WEBHOOK_RETENTION)
+# Private: events arrive only from `ResendWebhook.receive`, which re-verifies the provider's signature;
+# from the ingress anyone could report a bounce that takes an approver out.
+@email_delivery.handler(name="record", idempotency_retention=WEBHOOK_RETENTION, ingress_private=True)
 async def record(ctx: ObjectContext, event: DeliveryEvent) -> DeliveryAck:
     """Record one provider event; forward a failed approver email to the run."""
     log = await ctx.get(STATE_KEY, type_hint=DeliveryLog) or DeliveryLog()

@@ -4,7 +4,8 @@ Guarantee: its entries change only through `apply`, which runs receive as journa
 every transition (requested, reminded, escalated, reassigned, decided, closed), so it converges on the
 runs' own state; applying the same event twice changes nothing. `revoke_links` (the operator's
 `inbox revoke`) moves the approver's revocation point to now: the inbox page refuses every inbox link
-made before it; it only ever moves forward.
+made before it; it only ever moves forward. `apply` is `ingress_private`: only the runs
+can write an inbox; the ingress can read one (`pending`) and the operator can revoke its links.
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ _REVOKED = "revoked_before_ms"
 
 # One state key per entry, read lazily: an event touches only its own entry, so its cost (and what it
 # journals) does not grow with the number of approvals waiting for the same person.
-@approval_inbox.handler(name="apply", enable_lazy_state=True, journal_retention=retention.NO_JOURNAL)
+# Only the runs call `apply` (journaled sends); through the ingress anyone could add or remove entries.
+@approval_inbox.handler(
+    name="apply", enable_lazy_state=True, journal_retention=retention.NO_JOURNAL, ingress_private=True
+)
 async def apply(ctx: ObjectContext, event: InboxEvent) -> None:
     """Apply one transition from a run. Idempotent: an older round never overwrites a newer one."""
     key = _ENTRY + event.entry.approval_id

@@ -110,8 +110,17 @@ def voted(book: RunBook, record_: ApprovalRecord, verdict: Verdict) -> None:
     )
 
 
-def handed_over(book: RunBook, record_: ApprovalRecord, old_slots: list[int], kind: AuditKind, at: float) -> None:
-    """After an escalation or a reassignment opened a new round: old approvers out, new ones in."""
+def handed_over(
+    book: RunBook,
+    record_: ApprovalRecord,
+    old_slots: list[int],
+    kind: AuditKind,
+    at: float,
+    actor: str | None = None,
+    **details: Any,
+) -> None:
+    """After an escalation or a reassignment opened a new round: old approvers out, new ones in.
+    `actor` is who asked for a reassignment."""
     inbox(book, record_, "remove", [s for s in old_slots if s not in record_.active_slots], why=kind)
     audit(
         book,
@@ -119,8 +128,10 @@ def handed_over(book: RunBook, record_: ApprovalRecord, old_slots: list[int], ki
         kind,
         at,
         f"r{record_.round}",
+        actor=actor,
         previous=[record_.approvers[s] for s in old_slots],
         now=[record_.approvers[s] for s in record_.active_slots],
+        **details,
     )
     requested(book, record_)
 

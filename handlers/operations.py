@@ -167,9 +167,9 @@ class Operations:
         after the handler has acted on a request it could read but whose answer we cannot."""
         self._call("AgentRun", run_id, "status", None)
 
-    def reassign(self, approval_id: str, to: str, replacing: str | None, reason: str) -> dict[str, Any]:
+    def reassign(self, approval_id: str, to: str, replacing: str | None, reason: str, by: str) -> dict[str, Any]:
         self._check_keys(run_of(approval_id))
-        request = ReassignRequest(approval_id=approval_id, to=to, replacing=replacing, reason=reason)
+        request = ReassignRequest(approval_id=approval_id, to=to, replacing=replacing, reason=reason, by=by)
         return dict(self._call("Approval", approval_id, "reassign", request.model_dump()))
 
     def cancel(self, run_id: str, reason: str) -> dict[str, Any]:

@@ -31,9 +31,10 @@ def countersign_services() -> list[RestateService]:
     from handlers.audit import approval_audit
     from handlers.delivery import email_delivery
     from handlers.inbox import approval_inbox
+    from handlers.resend_events import resend_webhook
     from handlers.trust import tool_stats, trust_ramp
 
-    return [agent_run, approval, approval_inbox, approval_audit, tool_stats, trust_ramp, email_delivery]
+    return [agent_run, approval, approval_inbox, approval_audit, tool_stats, trust_ramp, email_delivery, resend_webhook]
 
 
 def load(spec: str) -> list[RestateService]:

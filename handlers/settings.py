@@ -16,7 +16,10 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from handlers.contract import EMAIL_PATTERN
+
 SigningKeys = Annotated[dict[str, bytes], NoDecode]
+_DOMAIN = re.compile(r"^@[a-z0-9-]{1,63}(\.[a-z0-9-]{1,63})*\.[a-z]{2,24}$")
 _IDENTITY_KEY = re.compile(r"^publickeyv1_[1-9A-HJ-NP-Za-km-z]{32,64}$")
 _SERVICE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
@@ -55,6 +58,9 @@ class Settings(BaseSettings):
     agent_max_turns: int = Field(default=20, ge=1, le=200)
     trust_ramp_min_decisions: int = Field(default=20, ge=1)
     countersign_fault: str | None = None
+    # Whom an operator may hand an approval to besides the tool's approvers and escalation chain:
+    # addresses and `@domain` entries, comma-separated. Empty: only the policy's people.
+    approvals_reassign_allowed: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     @field_validator("approvals_signing_keys", mode="before")
     @classmethod
@@ -94,6 +100,16 @@ class Settings(BaseSettings):
             if not _SERVICE_PATH.match(path):
                 raise ValueError(f"{path[:80]!r} is not package.module:ATTR (comma-separated for several)")
         return paths
+
+    @field_validator("approvals_reassign_allowed", mode="before")
+    @classmethod
+    def _parse_reassign_allowed(cls, raw: object) -> list[str]:
+        items = [str(k) for k in raw] if isinstance(raw, list) else str(raw or "").split(",")
+        allowed = [item.strip().lower() for item in items if item.strip()]
+        for item in allowed:
+            if not (re.match(EMAIL_PATTERN, item) or _DOMAIN.match(item)):
+                raise ValueError(f"{item[:60]!r} is neither an email address nor an @domain (e.g. @example.com)")
+        return allowed
 
     @field_validator("countersign_journal_keys", mode="before")
     @classmethod
@@ -135,6 +151,13 @@ class Settings(BaseSettings):
         if len(decoded) < 16:
             raise ValueError("must be the whsec_... signing secret of the Resend webhook (base64, >= 16 bytes)")
         return secret
+
+    def may_reassign_to(self, address: str) -> bool:
+        """Whether APPROVALS_REASSIGN_ALLOWED lists `address` or its domain."""
+        address = address.lower()
+        return address in self.approvals_reassign_allowed or "@" + address.rpartition("@")[2] in (
+            self.approvals_reassign_allowed
+        )
 
     @property
     def is_dev(self) -> bool:

@@ -1,8 +1,8 @@
 """The trust ramp: per tool, how people decide, and when gating it costs more than it protects.
 
 Guarantee: `ToolStats` (a Virtual Object per tool) counts each approval once (by approval id) from
-journaled sends of the runs; `TrustRamp/report` returns every tool's figures as JSON. The
-graduation hint appears only after enough human decisions with no rejection and no edit.
+journaled sends of the runs (`record` is `ingress_private`); `TrustRamp/report` returns every
+tool's figures as JSON. The graduation hint appears only after enough human decisions with no rejection and no edit.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ tool_stats = restate.VirtualObject("ToolStats", description="Decision figures of
 trust_ramp = restate.Service("TrustRamp", description="Decision figures of every tool, for the trust ramp.")
 
 
-@tool_stats.handler(name="record", journal_retention=retention.NO_JOURNAL)
+# Only the runs record samples (journaled sends): a sample from the ingress would skew the ramp.
+@tool_stats.handler(name="record", journal_retention=retention.NO_JOURNAL, ingress_private=True)
 async def record(ctx: ObjectContext, sample: OutcomeSample) -> None:
     data = await ctx.get("samples", type_hint=_Samples) or _Samples()
     if any(s.approval_id == sample.approval_id for s in data.samples):

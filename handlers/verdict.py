@@ -31,6 +31,8 @@ class Verdict(BaseModel):
     client: str = ""
     closes_as: ApprovalState | None = None
     to: str | None = None
+    asked_by: str | None = None
+    """Who asked for a reassignment (an operator); recorded in the audit trail, never a decider."""
 
 
 def slot_promise(approval_id: str, round_: int, slot: int) -> str:

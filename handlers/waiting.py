@@ -167,7 +167,9 @@ class Waiter:
         record.approvers.append(verdict.to or "")
         record.active_slots = [len(record.approvers) - 1 if s == verdict.slot else s for s in previous]
         self.start_round(opening.nonce, opening.now, note=None, keep_approvals=True)
-        ledger.handed_over(self.book, record, previous, "reassigned", opening.now)
+        ledger.handed_over(
+            self.book, record, previous, "reassigned", opening.now, actor=verdict.asked_by, reason=verdict.reason
+        )
         await self.notify("request", self.open_slots())
         return None
 

@@ -217,7 +217,29 @@ def test_a_delivered_event_is_recorded_once_however_often_it_arrives(
     assert delivery_log(stack, f"{run_id}-a0")["failures"] == []
 
     direct = stack.ingress.call("EmailDelivery", f"{run_id}-a0", "record", event)
-    assert direct.json() == {"recorded": False, "forwarded": False}, "the object itself dedupes by event id"
+    assert direct.status_code == 400, "record is ingress_private: only ResendWebhook.receive reaches it"
+    raw = {
+        "svix_id": delivery.headers["svix-id"],
+        "svix_timestamp": delivery.headers["svix-timestamp"],
+        "svix_signature": delivery.headers["svix-signature"],
+        "payload": delivery.body.decode(),
+    }
+    forged = stack.ingress.call(
+        "ResendWebhook", None, "receive", {**raw, "payload": raw["payload"].replace("delivered", "bounced")}
+    )
+    assert forged.status_code == 401 and "no matching signature" in forged.text, "the handler re-verifies the signature"
+    again = stack.ingress.call("ResendWebhook", None, "receive", raw)
+    assert again.json() == {"forwarded": 1}, "the genuine delivery, straight to the public handler"
+    assert len(delivery_log(stack, f"{run_id}-a0")["events"]) == 1, "recorded once however it arrives"
+    assert (
+        len(
+            stack.restate.sql(
+                "select id from sys_invocation where target_service_name = 'EmailDelivery'"
+                f" and target_service_key = '{run_id}-a0' and target_handler_name = 'record'"
+            )
+        )
+        == 1
+    )
     assert stack.ingress.status(run_id)["pending"], "a delivery changes nothing about the decision"
     stack.ingress.call("AgentRun", run_id, "cancel", {"reason": "test cleanup"})
 

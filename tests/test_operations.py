@@ -97,26 +97,32 @@ def test_reassign_moves_the_inbox_and_kills_old_links(
 
     bad = cli(restate_server, "reassign", approval, "--to", "not-an-email")
     assert bad.returncode == 2 and "not an email address" in bad.stderr and "Traceback" not in bad.stderr
-    moved = cli(restate_server, "reassign", approval, "--to", "Carol@Example.com", "--reason", "on leave", "--json")
+    # finance-lead@ is issue_refund's escalation chain, so the policy lets them decide it.
+    moved = cli(
+        restate_server, "reassign", approval, "--to", "Finance-Lead@Example.com", "--reason", "on leave", "--json"
+    )
     assert moved.returncode == 0, moved.stderr
-    assert json.loads(moved.stdout) == {
+    receipt = json.loads(moved.stdout)
+    assert receipt.pop("by").startswith("cli"), "who asked defaults to the CLI's login name"
+    assert receipt == {
         "approval_id": approval,
         "accepted": True,
         "replaced": "finance@example.com",
-        "to": "carol@example.com",
+        "to": "finance-lead@example.com",
     }
-    fresh = next(m for m in wait_for_email(outbox_dir, run_id, count=2) if m.message["To"] == "carol@example.com")
-    wait_until(lambda: approval in inbox(ingress, "carol@example.com"), 20, "the new inbox")
+    lead = "finance-lead@example.com"
+    fresh = next(m for m in wait_for_email(outbox_dir, run_id, count=2) if m.message["To"] == lead)
+    wait_until(lambda: approval in inbox(ingress, lead), 20, "the new inbox")
     wait_until(lambda: approval not in inbox(ingress, "finance@example.com"), 20, "the old inbox to drop it")
 
     assert httpx.get(mail.link, timeout=30).status_code == 410
     assert submit(mail.link, "approve", "late", csrf=csrf).status_code in (409, 410)
-    again = cli(restate_server, "reassign", approval, "--to", "carol@example.com")
+    again = cli(restate_server, "reassign", approval, "--to", lead)
     assert again.returncode == 1 and "already decides" in again.stderr
 
     assert submit(fresh.link, "approve").status_code == 200
     action = ingress.wait_output(run_id).json()["actions"][0]
-    assert action["approved_by"] == ["carol@example.com"]
+    assert action["approved_by"] == [lead]
     assert refunds_for(demo_db, run_id) == [(f"{run_id}/0", order, 70000)]
 
 

@@ -19,7 +19,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from handlers import confirm, links
-from handlers.audit import AuditEntry
 from handlers.contract import ActionRecord, ApprovalRecord, Decision, DecisionReceipt, RunStatus
 from handlers.links import LinkInvalid
 from handlers.settings import Settings
@@ -28,21 +27,6 @@ from handlers.web.runs_client import RunCallFailed, RunsClient
 from handlers.web.views import notice, page
 
 log = logging.getLogger("countersign.pages")
-
-
-def _viewed(record: ApprovalRecord, slot: int, request: Request) -> AuditEntry:
-    """A page view for the audit trail, at most one per approver slot, round and minute."""
-    now = time.time()
-    return AuditEntry(
-        entry_id=f"page_viewed/r{record.round}/s{slot}/m{int(now // 60)}",
-        approval_id=record.approval_id,
-        run_id=record.run_id,
-        tenant=record.tenant,
-        kind="page_viewed",
-        at=now,
-        actor=record.approvers[slot],
-        details={"user_agent": request.headers.get("user-agent", "")[:200]},
-    )
 
 
 _MAX_FORM_FIELDS = 60
@@ -74,7 +58,7 @@ class ApprovalPages:
 
         approver = record.approvers[claims.slot]
         if request.method == "GET":
-            await runs.note(_viewed(record, claims.slot, request))
+            await runs.note(record.approval_id, token, request.headers.get("user-agent", ""))
         if len(record.batch) > 1:
             # Before anything else: the batch page mints current-round tokens for its items, so a link
             # from a replaced round (or past its expiry) must end here, as it does on a single page.

@@ -16,9 +16,8 @@ from contextlib import asynccontextmanager
 import httpx
 import restate
 
-from handlers.audit import AuditEntry
 from handlers.codec import JournalValueUnreadable
-from handlers.contract import Decision, DecisionReceipt, RunStatus
+from handlers.contract import Decision, DecisionReceipt, PageView, RunStatus
 from handlers.inbox import InboxView
 
 log = logging.getLogger("countersign.web")
@@ -49,14 +48,16 @@ class RunsClient:
     async def inbox(self, approver: str) -> InboxView:
         return InboxView.model_validate_json(await self._call("pending", approver, None, None, service="ApprovalInbox"))
 
-    async def note(self, entry: AuditEntry) -> None:
-        """Append to an approval's audit trail (idempotent by entry id); a failure is not the reader's problem."""
+    async def note(self, approval_id: str, token: str, client: str) -> None:
+        """Record a page view in the approval's audit trail (`Approval.viewed` re-verifies the link);
+        a failure is not the reader's problem."""
+        view = PageView(token=token, client=client[:300])
         try:
             await self._client.generic_send(
-                "ApprovalAudit", "append", entry.model_dump_json().encode(), key=entry.approval_id, headers=_JSON
+                SERVICE, "viewed", view.model_dump_json().encode(), key=approval_id, headers=_JSON
             )
         except (restate.HttpError, httpx.HTTPError):
-            log.warning("could not record a page view for %s", entry.approval_id)
+            log.warning("could not record a page view of %s", approval_id)
 
     async def _call(
         self, handler: str, key: str, body: bytes | None, idempotency_key: str | None, service: str = SERVICE

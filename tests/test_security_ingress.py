@@ -1,0 +1,280 @@
+"""The ingress as an attack surface: internal handlers refused, forged audit ids loud, reassign bounded.
+
+Against the real restate-server (both deployment protocols): every handler that only Countersign's
+own services call is `ingress_private`, so the ingress refuses it and nothing changes, while the
+same handlers keep working service to service; an audit entry id reused with other content is a
+conflict that `verify` reports; `reassign` refuses an address the policy does not allow, changing
+nothing, and records who asked when it is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from support.approver import open_page, submit, wait_for_email
+from support.business import new_order, refunds_for
+from support.processes import REPO, AppServer, Ingress, RestateServer, wait_until
+from test_operations import cli, inbox, refund_task
+
+from handlers.audit import GENESIS, AuditEntry, AuditLog, _append, verify
+from handlers.settings import Settings
+
+
+def audit_entries(ingress: Ingress, approval: str) -> list[dict[str, Any]]:
+    reply = ingress.call("ApprovalAudit", approval, "entries", None)
+    reply.raise_for_status()
+    return list(reply.json()["entries"])
+
+
+def forged_entry(run_id: str, approval: str, kind: str, entry_id: str) -> dict[str, Any]:
+    return {
+        "entry_id": entry_id,
+        "approval_id": approval,
+        "run_id": run_id,
+        "tenant": "default",
+        "kind": kind,
+        "at": time.time(),
+        "actor": "mallory@evil.test",
+        "details": {"forged": True},
+    }
+
+
+def internal_calls(run_id: str, approval: str) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(service, key, handler, a well-formed body) of every handler only Countersign's services call."""
+    inbox_entry = {
+        "approval_id": approval,
+        "run_id": run_id,
+        "tenant": "default",
+        "tool": "issue_refund",
+        "summary": "forged",
+        "digest": "0" * 64,
+        "round": 99,
+        "requested_at": 1.0,
+        "deadline": 2.0,
+    }
+    return [
+        ("ApprovalAudit", approval, "append", forged_entry(run_id, approval, "requested", "requested/r1")),
+        (
+            "ApprovalAudit",
+            approval,
+            "append_all",
+            {"entries": [forged_entry(run_id, approval, "decided", "decided/r1/s0")]},
+        ),
+        ("ApprovalInbox", "finance@example.com", "apply", {"change": "remove", "entry": inbox_entry}),
+        ("ApprovalInbox", "mallory@evil.test", "apply", {"change": "add", "entry": inbox_entry}),
+        (
+            "ToolStats",
+            "issue_refund",
+            "record",
+            {"approval_id": f"{approval}-forged", "outcome": "approved", "human": True, "seconds_to_decision": 1.0},
+        ),
+        (
+            "EmailDelivery",
+            approval,
+            "record",
+            {
+                "event_id": "msg_forged",
+                "type": "email.bounced",
+                "email_id": "em_forged",
+                "kind": "request",
+                "run_id": run_id,
+                "approval_id": approval,
+                "round": 1,
+                "slot": 0,
+            },
+        ),
+        (
+            "AgentRun",
+            run_id,
+            "delivery_failed",
+            {
+                "run_id": run_id,
+                "approval_id": approval,
+                "round": 1,
+                "slot": 0,
+                "kind": "request",
+                "event": "email.bounced",
+                "email_id": "em_forged",
+                "detail": "forged",
+                "failed_slots": [0],
+            },
+        ),
+    ]
+
+
+def test_the_ingress_refuses_every_internal_handler_and_nothing_changes(
+    app_server: AppServer, ingress: Ingress, restate_server: RestateServer, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    approval = f"{run_id}-a0"
+    # Before the run exists (the audit ids are predictable) and while it waits: both refused.
+    first = internal_calls(run_id, approval)[0]
+    early = ingress.call(first[0], first[1], first[2], first[3])
+    assert early.status_code >= 400, early.text
+    ingress.start_run(run_id, refund_task(new_order(demo_db, 100000)))
+    [mail] = wait_for_email(outbox_dir, run_id)
+    wait_until(lambda: approval in inbox(ingress, "finance@example.com"), 20, "the inbox (a service-to-service send)")
+    kinds = wait_until(
+        lambda: [e["kind"] for e in audit_entries(ingress, approval)] or None, 20, "the trail (service to service)"
+    )
+    assert kinds[0] == "requested"
+    stats_before = ingress.call("ToolStats", "issue_refund", "stats", None).json()
+
+    for service, key, handler, body in internal_calls(run_id, approval):
+        for path in (f"/{service}/{key}/{handler}", f"/{service}/{key}/{handler}/send"):
+            answer = ingress.post_json(path, body)
+            assert answer.status_code == 400, (path, answer.status_code, answer.text)
+            assert "private" in answer.text.lower() or "not public" in answer.text.lower(), answer.text
+
+    # Nothing the forgeries aimed at changed: the trail, the inboxes, the ramp, the delivery log, the run.
+    trail = audit_entries(ingress, approval)
+    assert not any(e["details"].get("forged") for e in trail), trail
+    assert trail[0]["details"]["tool"] == "issue_refund" and trail[0]["actor"] is None
+    assert approval in inbox(ingress, "finance@example.com")
+    assert inbox(ingress, "mallory@evil.test") == []
+    assert ingress.call("ToolStats", "issue_refund", "stats", None).json() == stats_before
+    assert ingress.call("EmailDelivery", approval, "log", None).json()["events"] == []
+    [pending] = ingress.status(run_id)["pending"]
+    assert pending["approvers"] == ["finance@example.com"] and pending["round"] == 1
+
+    # The public surface still answers, and the run still completes through it.
+    assert open_page(mail.link).status_code == 200
+    assert submit(mail.link, "approve").status_code == 200
+    assert ingress.wait_output(run_id).json()["status"] == "completed"
+    done = wait_until(
+        lambda: (t := audit_entries(ingress, approval)) and t[-1]["kind"] == "outcome" and t, 20, "the outcome"
+    )
+    assert "page_viewed" in [e["kind"] for e in done], "page views still reach the trail, via AgentRun.viewed"
+    assert len(refunds_for(demo_db, run_id)) == 1
+    check = restate_server.sql(
+        "select count(*) as n from sys_invocation where target_service_name = 'AgentRun'"
+        f" and target_service_key = '{run_id}' and target_handler_name = 'delivery_failed'"
+    )
+    assert check[0]["n"] == 0, "the forged bounce never reached the run"
+
+
+def test_a_page_view_is_refused_without_a_valid_link(app_server: AppServer, ingress: Ingress, run_id: str) -> None:
+    answer = ingress.call("AgentRun", run_id, "viewed", {"token": "not-a-valid-token-at-all"})
+    assert 400 <= answer.status_code < 500, answer.text
+
+
+def test_a_forged_audit_entry_id_is_a_conflict_that_verify_reports() -> None:
+    real = AuditEntry.model_validate(forged_entry("run-1", "run-1-a0", "requested", "requested/r1"))
+    real = real.model_copy(update={"actor": None, "details": {"tool": "issue_refund"}})
+    forged = AuditEntry.model_validate(forged_entry("run-1", "run-1-a0", "requested", "requested/r1"))
+    log = AuditLog(approval_id="run-1-a0")
+    _append(log, forged)  # the forgery came first, with the id the run will use
+    written = _append(log, real)
+    assert [e.details for e in log.entries] == [{"forged": True}, {"tool": "issue_refund"}], "nothing is dropped"
+    assert written.details == {"tool": "issue_refund"} and written.prev == log.entries[0].hash != GENESIS
+    problems = verify(log.entries)
+    assert len(problems) == 1 and "'requested/r1' was already used by entry 0" in problems[0], problems
+    assert _append(log, real) == written and len(log.entries) == 2, "a retried identical entry is still one entry"
+
+
+def test_audit_verify_says_not_intact_for_a_conflicting_export(tmp_path: Path) -> None:
+    log = AuditLog(approval_id="run-1-a0")
+    for details in ({"forged": True}, {"tool": "issue_refund"}):
+        entry = AuditEntry.model_validate(forged_entry("run-1", "run-1-a0", "requested", "requested/r1"))
+        _append(log, entry.model_copy(update={"details": details}))
+    export = tmp_path / "audit.jsonl"
+    export.write_text("".join(json.dumps(e.model_dump(mode="json")) + "\n" for e in log.entries), encoding="utf-8")
+    checked = subprocess.run(
+        [sys.executable, "-m", "handlers", "audit", "verify", str(export), "--offline"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert checked.returncode == 1 and "already used by entry 0" in checked.stdout, checked.stdout + checked.stderr
+
+
+def test_reassign_outside_the_policy_is_refused_and_changes_nothing(
+    app_server: AppServer, restate_server: RestateServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    ingress.start_run(run_id, refund_task(new_order(demo_db, 100000)))
+    [mail] = wait_for_email(outbox_dir, run_id)
+    approval = f"{run_id}-a0"
+    wait_until(lambda: approval in inbox(ingress, "finance@example.com"), 20, "the first inbox")
+    trail_before = wait_until(lambda: audit_entries(ingress, approval) or None, 20, "the trail")
+    status_before = ingress.status(run_id)["approvals"]
+
+    refused = cli(restate_server, "reassign", approval, "--to", "mallory@evil.test", "--reason", "trust me")
+    # The address itself is scrubbed from error text (handlers.redact), which bypasses the journal codec.
+    assert refused.returncode == 1 and "may not decide issue_refund" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+    direct = ingress.call("AgentRun", run_id, "reassign", {"approval_id": approval, "to": "Mallory@Evil.test"})
+    assert direct.status_code == 403 and "APPROVALS_REASSIGN_ALLOWED" in direct.text
+
+    assert ingress.status(run_id)["approvals"] == status_before, "same round, approvers, nonces"
+    assert inbox(ingress, "mallory@evil.test") == []
+    assert audit_entries(ingress, approval) == trail_before
+    assert len(wait_for_email(outbox_dir, run_id)) == 1, "no email to the refused address"
+    assert open_page(mail.link).status_code == 200, "the approver's link still works"
+
+    # The escalation chain is the policy's: allowed, and the trail says who asked.
+    moved = cli(restate_server, "reassign", approval, "--to", "finance-lead@example.com", "--by", "ops:dana", "--json")
+    assert moved.returncode == 0, moved.stderr
+    assert json.loads(moved.stdout)["by"] == "ops:dana"
+    entry = wait_until(
+        lambda: next((e for e in audit_entries(ingress, approval) if e["kind"] == "reassigned"), None),
+        20,
+        "the reassignment in the trail",
+    )
+    assert entry["actor"] == "ops:dana" and entry["details"]["now"] == ["finance-lead@example.com"]
+    ingress.call("AgentRun", run_id, "cancel", {"reason": "test cleanup"})
+
+
+def test_the_reassign_allow_list_is_validated_and_matches_addresses_and_domains() -> None:
+    settings = Settings.model_validate({"approvals_reassign_allowed": " Carol@Example.com, @Partner.example.org "})
+    assert settings.approvals_reassign_allowed == ["carol@example.com", "@partner.example.org"]
+    assert settings.may_reassign_to("CAROL@example.com") and settings.may_reassign_to("x@partner.example.org")
+    assert not settings.may_reassign_to("x@example.com") and not settings.may_reassign_to("x@evil.partner.example.org")
+    for bad in ("carol", "@", "example.com", "a@b@c.com"):
+        with pytest.raises(ValueError, match="neither an email address nor an @domain"):
+            Settings.model_validate({"approvals_reassign_allowed": bad})
+
+
+def test_a_bad_reassign_allow_list_stops_the_process_at_start() -> None:
+    started = subprocess.run(
+        [sys.executable, "-m", "handlers", "serve", "--bind", "127.0.0.1:1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "APPROVALS_REASSIGN_ALLOWED": "not-an-address"},
+    )
+    assert started.returncode != 0 and "approvals_reassign_allowed" in started.stderr.lower()
+    assert "Traceback" not in started.stderr
+
+
+def test_public_handlers_stay_public(app_server: AppServer, restate_server: RestateServer) -> None:
+    """What the pages, the CLI and the webhook route call through the ingress is still reachable."""
+    public = {
+        "AgentRun": {"run", "status", "decide", "cancel", "reassign", "viewed"},
+        "ApprovalInbox": {"pending"},
+        "ApprovalAudit": {"entries"},
+        "EmailDelivery": {"log"},
+        "ToolStats": {"stats"},
+        "TrustRamp": {"report"},
+        "ResendWebhook": {"receive"},
+    }
+    private = {
+        "AgentRun": {"delivery_failed"},
+        "ApprovalInbox": {"apply"},
+        "ApprovalAudit": {"append", "append_all"},
+        "EmailDelivery": {"record"},
+        "ToolStats": {"record"},
+    }
+    for service in public:
+        described = httpx.get(f"{restate_server.admin_url}/services/{service}", timeout=10).json()
+        handlers = {h["name"]: h for h in described["handlers"]}
+        assert {n for n, h in handlers.items() if h.get("public", True)} == public[service], service
+        assert {n for n, h in handlers.items() if not h.get("public", True)} == private.get(service, set()), service
