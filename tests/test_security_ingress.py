@@ -90,6 +90,23 @@ def internal_calls(run_id: str, approval: str) -> list[tuple[str, str, str, dict
                 "slot": 0,
             },
         ),
+        ("Approval", approval, "run", {"record": {"approval_id": approval}, "policy": {"forged": True}}),
+        (
+            "Approval",
+            approval,
+            "delivery_failed",
+            {
+                "run_id": run_id,
+                "approval_id": approval,
+                "round": 1,
+                "slot": 0,
+                "kind": "request",
+                "event": "email.bounced",
+                "email_id": "em_forged",
+                "detail": "forged",
+                "failed_slots": [0],
+            },
+        ),
         (
             "AgentRun",
             run_id,
@@ -150,17 +167,17 @@ def test_the_ingress_refuses_every_internal_handler_and_nothing_changes(
     done = wait_until(
         lambda: (t := audit_entries(ingress, approval)) and t[-1]["kind"] == "outcome" and t, 20, "the outcome"
     )
-    assert "page_viewed" in [e["kind"] for e in done], "page views still reach the trail, via AgentRun.viewed"
+    assert "page_viewed" in [e["kind"] for e in done], "page views still reach the trail, via Approval.viewed"
     assert len(refunds_for(demo_db, run_id)) == 1
     check = restate_server.sql(
-        "select count(*) as n from sys_invocation where target_service_name = 'AgentRun'"
-        f" and target_service_key = '{run_id}' and target_handler_name = 'delivery_failed'"
+        "select count(*) as n from sys_invocation where target_handler_name = 'delivery_failed'"
+        f" and target_service_key in ('{run_id}', '{approval}')"
     )
     assert check[0]["n"] == 0, "the forged bounce never reached the run"
 
 
 def test_a_page_view_is_refused_without_a_valid_link(app_server: AppServer, ingress: Ingress, run_id: str) -> None:
-    answer = ingress.call("AgentRun", run_id, "viewed", {"token": "not-a-valid-token-at-all"})
+    answer = ingress.call("Approval", f"{run_id}-a0", "viewed", {"token": "not-a-valid-token-at-all"})
     assert 400 <= answer.status_code < 500, answer.text
 
 
@@ -258,8 +275,9 @@ def test_a_bad_reassign_allow_list_stops_the_process_at_start() -> None:
 def test_public_handlers_stay_public(app_server: AppServer, restate_server: RestateServer) -> None:
     """What the pages, the CLI and the webhook route call through the ingress is still reachable."""
     public = {
-        "AgentRun": {"run", "status", "decide", "cancel", "reassign", "viewed"},
-        "ApprovalInbox": {"pending"},
+        "AgentRun": {"run", "status", "decide", "cancel", "reassign"},
+        "Approval": {"status", "decide", "cancel", "reassign", "viewed"},
+        "ApprovalInbox": {"pending", "revoke_links"},
         "ApprovalAudit": {"entries"},
         "EmailDelivery": {"log"},
         "ToolStats": {"stats"},
@@ -268,6 +286,7 @@ def test_public_handlers_stay_public(app_server: AppServer, restate_server: Rest
     }
     private = {
         "AgentRun": {"delivery_failed"},
+        "Approval": {"run", "delivery_failed"},
         "ApprovalInbox": {"apply"},
         "ApprovalAudit": {"append", "append_all"},
         "EmailDelivery": {"record"},
