@@ -2,8 +2,9 @@
 
 Guarantee: an unknown tool or invalid arguments become an `invalid` outcome the model can read,
 never a crash; the policy's answers are computed inside the model turn's journaled step (`ask_policy`),
-so a policy-file change cannot re-route a replay; the gated calls of one turn are asked together;
-every call gets a stable index `base + position`.
+so neither a policy-file change nor an approver callable can re-route a replay; a policy that
+cannot name approvers for a call fails that call (the model reads why) and never runs it; the gated
+calls of one turn are asked together; every call gets a stable index `base + position`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from handlers.contract import ActionRecord, Outcome
 from handlers.execute import idempotency_key, run_tool
 from handlers.gate import GatedCall, approve_and_act
 from handlers.llm.base import ToolCall
-from handlers.policy import PolicyVerdict, evaluate
+from handlers.policy import PolicyError, PolicyVerdict, evaluate
 from handlers.rounds import Opening, open_round
 from handlers.run_state import RunBook
 from handlers.tools import default_registry
@@ -26,27 +27,32 @@ class RunMustFail(Exception):
 
 
 class PolicyAnswer(BaseModel):
-    """The policy's answer for one call; a gated call's first round opens with it."""
+    """The policy's answer for one call; a gated call's first round opens with it. `problem` (and no
+    verdict) when the policy could not be resolved for the call."""
 
-    verdict: PolicyVerdict
+    verdict: PolicyVerdict | None = None
     opening: Opening | None = None
+    problem: str | None = None
 
 
-def ask_policy(calls: list[ToolCall]) -> list[PolicyAnswer | None]:
+def ask_policy(calls: list[ToolCall], *, requester: str = "", tenant: str = "") -> list[PolicyAnswer | None]:
     """The policy's answer for each call that reaches a tool (None for the others). Runs inside the
     journaled step that took the model turn: one round trip for the reply and what the policy says of it."""
-    return [_answer(call) for call in calls]
+    return [_answer(call, requester, tenant) for call in calls]
 
 
-def _answer(call: ToolCall) -> PolicyAnswer | None:
+def _answer(call: ToolCall, requester: str, tenant: str) -> PolicyAnswer | None:
     tool = default_registry().get(call.name)
     if call.problem is not None or tool is None:
         return None
     try:
-        args = tool.validate(call.args).model_dump(mode="json")
+        args = tool.validate(call.args)
     except ValidationError:
         return None
-    verdict = evaluate(call.name, tool.policy, args)
+    try:
+        verdict = evaluate(call.name, tool.policy, args, requester=requester, tenant=tenant)
+    except PolicyError as exc:
+        return PolicyAnswer(problem=str(exc))
     return PolicyAnswer(verdict=verdict, opening=open_round() if verdict.gated else None)
 
 
@@ -71,10 +77,20 @@ async def handle_turn(book: RunBook, calls: list[ToolCall], answers: list[Policy
         if answer is None:  # only if the tool's schema changed under a paused run
             done[index] = _invalid(call, index, "the tool changed since this call was proposed; propose it again")
             continue
-        if answer.opening is not None:
-            gated.append(GatedCall(tool, call, args, index, answer.verdict, tool.summarize(validated), answer.opening))
+        if answer.problem is not None or answer.verdict is None:
+            done[index] = ActionRecord(
+                index=index,
+                tool=call.name,
+                proposed_args=args,
+                outcome=Outcome.FAILED,
+                result={"error": f"not run: {answer.problem or 'the policy gave no answer'}"},
+            )
             continue
-        run = await run_tool(book.ctx, call.name, args, index)
+        if answer.opening is not None:
+            gated.append(GatedCall(tool, call, args, index, answer.verdict, tool.summary(validated), answer.opening))
+            continue
+        state = book.state
+        run = await run_tool(book.ctx, call.name, args, index, tenant=state.tenant, requester=state.requester)
         done[index] = ActionRecord(
             index=index,
             tool=call.name,

@@ -146,7 +146,20 @@ async def _act(book: RunBook, gated: GatedCall, waiter: Waiter, final: Verdict) 
             executed, changed = apply_edits(gated.tool, record.args, final.edits or {})
         except EditRejected as exc:
             return _finish(book, waiter, final, failure=f"the approved edits are no longer valid: {exc}")
-        change = await recheck(book.ctx, record.tool, executed, record.index) if gated.tool.precondition else None
+        change = (
+            await recheck(
+                book.ctx,
+                record.tool,
+                executed,
+                record.index,
+                tenant=record.tenant,
+                requester=record.requester,
+                approval_id=record.approval_id,
+                edits=changed or None,
+            )
+            if gated.tool.precondition
+            else None
+        )
         if change is None:
             return await _execute(book, waiter, final, executed, changed)
         if policy.on_superseded == "tell_model" or attempt == MAX_REAPPROVALS:
@@ -197,7 +210,17 @@ async def _execute(
         return _finish(book, waiter, final, failure="the approval did not match the frozen action")
     record.edits = changed or None
     _decided(book, record, final, "approved_with_edits" if changed else "approved")
-    run = await run_tool(book.ctx, record.tool, executed, record.index)
+    run = await run_tool(
+        book.ctx,
+        record.tool,
+        executed,
+        record.index,
+        tenant=record.tenant,
+        requester=record.requester,
+        approval_id=record.approval_id,
+        approved_by=record.approved_by,
+        edits=record.edits,
+    )
     action = ActionRecord(
         index=record.index,
         tool=record.tool,
