@@ -38,6 +38,7 @@ BOTH_PROTOCOLS = frozenset(
         "test_durability",
         "test_models_replay",
         "test_operations",
+        "test_own_tools",
         "test_serverless",
     }
 )
