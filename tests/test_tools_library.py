@@ -4,6 +4,7 @@ and the start-up refusals of COUNTERSIGN_TOOLS and the policy file."""
 from __future__ import annotations
 
 import itertools
+import subprocess
 import sys
 import textwrap
 from decimal import Decimal
@@ -49,7 +50,9 @@ def effect(args: Any, ctx: EffectContext) -> dict[str, Any]:
 def test_the_public_api_is_documented_and_light() -> None:
     for name in ("Tool", "ToolPolicy", "EditRule", "ToolError", "EffectContext", "Registry", "ApproverContext"):
         assert name in handlers.__all__
-    assert "handlers.app" not in sys.modules and "handlers.agent_run" not in sys.modules
+    probe = "import sys, handlers; print(sorted(m for m in sys.modules if m.startswith(('handlers.', 'restate'))))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert "handlers.app" not in loaded and "handlers.agent_run" not in loaded and "'restate" not in loaded, loaded
 
 
 def test_five_fields_define_a_tool_with_sensible_defaults() -> None:
