@@ -1,9 +1,54 @@
 """Countersign: durable, emailed human approval for AI agent actions, on Restate.
 
-The public face: gate a tool call from any Restate handler with `request_approval` (decide only) or
-`gated_call` (the whole action); everything else in the package may change between releases.
+The public face. Define your own tools (load them with `COUNTERSIGN_TOOLS=package.module:ATTR`):
+
+    from handlers import Tool, ToolPolicy
+
+    TOOLS = [Tool(name="pay_invoice", description="Pay an invoice.", args_model=PayArgs,
+                  effect=pay, policy=ToolPolicy(gated=True, when="amount > 1000",
+                                                approvers=("finance@example.com",)))]
+
+and gate a call from any Restate handler (Workflow, Virtual Object, Service):
+
+    outcome = await request_approval(ctx, tool="pay_invoice", args=..., requester=...)   # decide only
+    record = await gated_call(ctx, tool="pay_invoice", args=..., requester=...)          # the whole action
+
+Importing this package builds no Restate app and reads no settings; the gate's calls (which need the
+Restate SDK) load on first use. Everything not listed in `__all__` may change between releases.
 """
 
-from handlers.approval_calls import ApprovalOutcome, gated_call, request_approval
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ApprovalOutcome", "gated_call", "request_approval"]
+from handlers.policy import ApproverContext, ApproverSource, Condition, PolicyError, PolicyVerdict, ToolPolicy
+from handlers.tools.registry import EditRule, EffectContext, Registry, Tool, ToolError, load_tools
+
+if TYPE_CHECKING:
+    from handlers.approval_calls import ApprovalOutcome, gated_call, request_approval
+
+_GATE = ("ApprovalOutcome", "gated_call", "request_approval")
+
+__all__ = [
+    "ApprovalOutcome",
+    "ApproverContext",
+    "ApproverSource",
+    "Condition",
+    "EditRule",
+    "EffectContext",
+    "PolicyError",
+    "PolicyVerdict",
+    "Registry",
+    "Tool",
+    "ToolError",
+    "ToolPolicy",
+    "gated_call",
+    "load_tools",
+    "request_approval",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _GATE:
+        from handlers import approval_calls
+
+        return getattr(approval_calls, name)
+    raise AttributeError(f"module 'handlers' has no attribute {name!r}")

@@ -2,8 +2,9 @@
 
 Guarantee: an unknown tool or invalid arguments become an `invalid` outcome the model can read,
 never a crash; the policy's answers are computed inside the model turn's journaled step (`ask_policy`),
-so a policy-file change cannot re-route a replay; the gated calls of one turn are asked together;
-every call gets a stable index `base + position`.
+so neither a policy-file change nor an approver callable can re-route a replay; a policy that
+cannot name approvers for a call fails that call (the model reads why) and never runs it; the gated
+calls of one turn are asked together; every call gets a stable index `base + position`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from handlers.approval_calls import GatedCall, approve_and_act, run_alone
 from handlers.contract import ActionRecord, Outcome
 from handlers.llm.base import ToolCall
-from handlers.policy import PolicyVerdict, evaluate
+from handlers.policy import PolicyError, PolicyVerdict, evaluate
 from handlers.rounds import Opening, open_round
 from handlers.run_state import RunBook
 from handlers.tools import default_registry
@@ -25,27 +26,32 @@ class RunMustFail(Exception):
 
 
 class PolicyAnswer(BaseModel):
-    """The policy's answer for one call; a gated call's first round opens with it."""
+    """The policy's answer for one call; a gated call's first round opens with it. `problem` (and no
+    verdict) when the policy could not be resolved for the call."""
 
-    verdict: PolicyVerdict
+    verdict: PolicyVerdict | None = None
     opening: Opening | None = None
+    problem: str | None = None
 
 
-def ask_policy(calls: list[ToolCall]) -> list[PolicyAnswer | None]:
+def ask_policy(calls: list[ToolCall], *, requester: str = "", tenant: str = "") -> list[PolicyAnswer | None]:
     """The policy's answer for each call that reaches a tool (None for the others). Runs inside the
     journaled step that took the model turn: one round trip for the reply and what the policy says of it."""
-    return [_answer(call) for call in calls]
+    return [_answer(call, requester, tenant) for call in calls]
 
 
-def _answer(call: ToolCall) -> PolicyAnswer | None:
+def _answer(call: ToolCall, requester: str, tenant: str) -> PolicyAnswer | None:
     tool = default_registry().get(call.name)
     if call.problem is not None or tool is None:
         return None
     try:
-        args = tool.validate(call.args).model_dump(mode="json")
+        args = tool.validate(call.args)
     except ValidationError:
         return None
-    verdict = evaluate(call.name, tool.policy, args)
+    try:
+        verdict = evaluate(call.name, tool.policy, args, requester=requester, tenant=tenant)
+    except PolicyError as exc:
+        return PolicyAnswer(problem=str(exc))
     return PolicyAnswer(verdict=verdict, opening=open_round() if verdict.gated else None)
 
 
@@ -70,21 +76,30 @@ async def handle_turn(book: RunBook, calls: list[ToolCall], answers: list[Policy
         if answer is None:  # only if the tool's schema changed under a paused run
             done[index] = _invalid(call, index, "the tool changed since this call was proposed; propose it again")
             continue
+        if answer.problem is not None or answer.verdict is None:
+            done[index] = ActionRecord(
+                index=index,
+                tool=call.name,
+                proposed_args=args,
+                outcome=Outcome.FAILED,
+                result={"error": f"not run: {answer.problem or 'the policy gave no answer'}"},
+            )
+            continue
         if answer.opening is not None:
-            summary = tool.summarize(validated)
             gated.append(
                 GatedCall(
                     tool=call.name,
                     index=index,
                     args=args,
                     why=call.why,
-                    summary=summary,
+                    summary=tool.summary(validated),
                     verdict=answer.verdict,
                     opening=answer.opening,
                 )
             )
             continue
-        done[index] = await run_alone(book.ctx, call.name, args, book.state.run_id, index)
+        state = book.state
+        done[index] = await run_alone(book.ctx, call.name, args, state.run_id, index, state.tenant, state.requester)
     failure = None
     if gated:
         for result in await approve_and_act(book, gated):

@@ -128,7 +128,11 @@ def _model_turn(model_id: str | None, task: AgentTask, transcript: Transcript) -
     model_id = model_id or _pick_model(task.model)
     try:
         reply = bounded(load_model(model_id, task.script).next_turn(transcript, _tool_specs()))
-        return Turn(model=model_id, reply=reply, policies=ask_policy(reply.tool_calls))
+        return Turn(
+            model=model_id,
+            reply=reply,
+            policies=ask_policy(reply.tool_calls, requester=task.requester, tenant=task.tenant),
+        )
     except (ProviderRefused, ModelUnavailable) as exc:
         raise TerminalError(str(exc), 400) from None
     except ProviderBusy as exc:

@@ -25,7 +25,7 @@ from handlers.approval_workflow import run as approval_run
 from handlers.contract import EMAIL_PATTERN, NAME_PATTERN, ActionRecord, DecisionSource, Outcome
 from handlers.execute import idempotency_key, run_tool
 from handlers.gate import Act, GateResult, act_on_deferred, freeze
-from handlers.policy import PolicyVerdict, evaluate
+from handlers.policy import PolicyError, PolicyVerdict, evaluate
 from handlers.rounds import Opening, open_round
 from handlers.run_state import RunBook, RunFacts
 from handlers.tools import default_registry
@@ -65,9 +65,11 @@ class _Asked(BaseModel):
     verdict: PolicyVerdict | None = None
     opening: Opening | None = None
     error: str | None = None
+    failed: bool = False
+    """The call was valid but its policy could not be resolved (`failed`, not `invalid`)."""
 
 
-def _ask(tool_name: str, raw: dict[str, Any]) -> _Asked:
+def _ask(tool_name: str, raw: dict[str, Any], requester: str, tenant: str) -> _Asked:
     tool = default_registry().get(tool_name)
     if tool is None:
         return _Asked(error=f"unknown tool {tool_name!r}; available: {', '.join(default_registry().names())}")
@@ -76,9 +78,12 @@ def _ask(tool_name: str, raw: dict[str, Any]) -> _Asked:
     except ValidationError as exc:
         return _Asked(error=f"invalid arguments: {validation_message(exc)}")
     args = validated.model_dump(mode="json")
-    verdict = evaluate(tool.name, tool.policy, args)
+    try:
+        verdict = evaluate(tool.name, tool.policy, validated, requester=requester, tenant=tenant)
+    except PolicyError as exc:  # e.g. approvers from a callable that named nobody valid: nothing runs
+        return _Asked(args=args, error=f"not run: {exc}", failed=True)
     opening = open_round() if verdict.gated else None
-    return _Asked(args=args, summary=tool.summarize(validated), verdict=verdict, opening=opening)
+    return _Asked(args=args, summary=tool.summary(validated), verdict=verdict, opening=opening)
 
 
 # Calls made by one invocation, in order: the default index of the next one. The count restarts
@@ -115,7 +120,15 @@ async def _open(
     _check_people(requester, tenant)
     name = tool if isinstance(tool, str) else tool.name
     where, at = _where(ctx, run_id, index)
-    asked = await ctx.run_typed(f"ask policy {name} #{at}", _ask, _POLICY_STEP, tool_name=name, raw=dict(args))
+    asked = await ctx.run_typed(
+        f"ask policy {name} #{at}",
+        _ask,
+        _POLICY_STEP,
+        tool_name=name,
+        raw=dict(args),
+        requester=requester,
+        tenant=tenant,
+    )
     return where, at, name, asked
 
 
@@ -157,7 +170,8 @@ async def request_approval(
     where, at, name, asked = await _open(ctx, tool, args, requester, tenant, run_id, index)
     base = ApprovalOutcome(verdict=Outcome.INVALID, run_id=where, index=at, proposed_args=asked.args or dict(args))
     if asked.error is not None:
-        return base.model_copy(update={"reason": asked.error})
+        verdict = Outcome.FAILED if asked.failed else Outcome.INVALID
+        return base.model_copy(update={"verdict": verdict, "reason": asked.error})
     if asked.opening is None:
         return base.model_copy(update={"verdict": Outcome.AUTONOMOUS, "args": asked.args})
     facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
@@ -193,18 +207,21 @@ async def gated_call(
     executed, result). A call the policy lets run alone runs at once, in the caller's own step."""
     where, at, name, asked = await _open(ctx, tool, args, requester, tenant, run_id, index)
     if asked.error is not None:
+        outcome = Outcome.FAILED if asked.failed else Outcome.INVALID
         return ActionRecord(
-            index=at, tool=name, proposed_args=dict(args), outcome=Outcome.INVALID, result={"error": asked.error}
+            index=at, tool=name, proposed_args=dict(args), outcome=outcome, result={"error": asked.error}
         )
     if asked.opening is None:
-        return await run_alone(ctx, name, asked.args, where, at)
+        return await run_alone(ctx, name, asked.args, where, at, tenant, requester)
     facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
     return (await _approval(ctx, facts, name, at, asked, why, act="execute")).action
 
 
-async def run_alone(ctx: restate.Context, tool: str, args: dict[str, Any], run_id: str, index: int) -> ActionRecord:
+async def run_alone(
+    ctx: restate.Context, tool: str, args: dict[str, Any], run_id: str, index: int, tenant: str, requester: str
+) -> ActionRecord:
     """A call the policy lets run without a person, as one step of the caller's journal."""
-    run = await run_tool(ctx, tool, args, index, run_id=run_id)
+    run = await run_tool(ctx, tool, args, index, run_id=run_id, tenant=tenant, requester=requester)
     return ActionRecord(
         index=index,
         tool=tool,

@@ -3,10 +3,14 @@
 Guarantee: the effect runs inside `ctx.run_typed` with the idempotency key `<run_id>/<index>`, so
 a step re-run after a crash hits the tool's own dedupe; business refusals come back as a result the
 model can read, and a tool that keeps failing ends as `failed` after bounded retries, never a loop.
+An `async def` effect is awaited on the event loop; a plain one runs in a worker thread, off it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -15,9 +19,8 @@ from restate import Context, RunOptions, TerminalError
 
 from handlers.faults import crash_point, fail_point
 from handlers.redact import scrubbed
-from handlers.settings import get_settings
 from handlers.tools import default_registry
-from handlers.tools.registry import EffectContext, ToolError
+from handlers.tools.registry import EffectContext, ToolError, is_async
 from handlers.verdict import is_cancellation
 
 TOOL_RETRIES = RunOptions[Any](
@@ -35,24 +38,73 @@ def idempotency_key(run_id: str, index: int) -> str:
     return f"{run_id}/{index}"
 
 
+async def _call(function: Callable[..., Any], *args: Any) -> Any:
+    if is_async(function):
+        return await function(*args)
+    result = await asyncio.to_thread(function, *args)
+    return await result if inspect.isawaitable(result) else result
+
+
 @scrubbed
-def _effect(tool_name: str, args: dict[str, Any], key: str) -> ToolRun:
+async def _effect(tool_name: str, args: dict[str, Any], ctx: EffectContext) -> ToolRun:
     tool = default_registry().get(tool_name)
     if tool is None:
         return ToolRun(ok=False, error=f"unknown tool {tool_name}")
     try:
         fail_point(f"fail-in-effect:{tool_name}", f"{tool_name} failed for {args}")
-        result = tool.effect(tool.validate(args), EffectContext(get_settings().demo_db, key))
+        result = await _call(tool.effect, tool.validate(args), ctx)
     except ToolError as exc:
         return ToolRun(ok=False, error=str(exc))
     crash_point(f"crash-after-effect:{tool_name}")
     return ToolRun(ok=True, result=result)
 
 
-async def run_tool(ctx: Context, tool_name: str, args: dict[str, Any], index: int, *, run_id: str) -> ToolRun:
-    key = idempotency_key(run_id, index)
+def effect_context(
+    run_id: str,
+    index: int,
+    *,
+    tenant: str = "",
+    requester: str = "",
+    approval_id: str | None = None,
+    approved_by: Sequence[str] = (),
+    edits: dict[str, Any] | None = None,
+) -> EffectContext:
+    return EffectContext(
+        idempotency_key=idempotency_key(run_id, index),
+        run_id=run_id,
+        tenant=tenant,
+        requester=requester,
+        approval_id=approval_id,
+        approved_by=tuple(approved_by),
+        edits=dict(edits) if edits else None,
+    )
+
+
+async def run_tool(
+    ctx: Context,
+    tool_name: str,
+    args: dict[str, Any],
+    index: int,
+    *,
+    run_id: str,
+    tenant: str = "",
+    requester: str = "",
+    approval_id: str | None = None,
+    approved_by: Sequence[str] = (),
+    edits: dict[str, Any] | None = None,
+) -> ToolRun:
+    """Run the tool's effect once as step `tool <name> #<index>`; the keywords reach its EffectContext."""
+    context = effect_context(
+        run_id,
+        index,
+        tenant=tenant,
+        requester=requester,
+        approval_id=approval_id,
+        approved_by=approved_by,
+        edits=edits,
+    )
     try:
-        return await ctx.run_typed(f"tool {tool_name} #{index}", _effect, TOOL_RETRIES, tool_name, args, key)
+        return await ctx.run_typed(f"tool {tool_name} #{index}", _effect, TOOL_RETRIES, tool_name, args, context)
     except TerminalError as exc:
         if is_cancellation(exc):
             raise
@@ -60,11 +112,11 @@ async def run_tool(ctx: Context, tool_name: str, args: dict[str, Any], index: in
 
 
 @scrubbed
-def _precondition(tool_name: str, args: dict[str, Any], key: str) -> str | None:
+async def _precondition(tool_name: str, args: dict[str, Any], ctx: EffectContext) -> str | None:
     tool = default_registry().get(tool_name)
     if tool is None or tool.precondition is None:
         return None
-    change: str | None = tool.precondition(tool.validate(args), EffectContext(get_settings().demo_db, key))
+    change: str | None = await _call(tool.precondition, tool.validate(args), ctx)
     return change
 
 
@@ -72,11 +124,23 @@ class Recheck(BaseModel):
     change: str | None
 
 
-async def recheck(ctx: Context, tool_name: str, args: dict[str, Any], index: int, *, run_id: str) -> str | None:
+async def recheck(
+    ctx: Context,
+    tool_name: str,
+    args: dict[str, Any],
+    index: int,
+    *,
+    run_id: str,
+    tenant: str = "",
+    requester: str = "",
+    approval_id: str | None = None,
+    edits: dict[str, Any] | None = None,
+) -> str | None:
     """The tool's precondition, as its own step right before execution: what changed, or None."""
+    context = effect_context(run_id, index, tenant=tenant, requester=requester, approval_id=approval_id, edits=edits)
 
-    def check() -> Recheck:
-        return Recheck(change=_precondition(tool_name, args, idempotency_key(run_id, index)))
+    async def check() -> Recheck:
+        return Recheck(change=await _precondition(tool_name, args, context))
 
     try:
         result: Recheck = await ctx.run_typed(f"recheck {tool_name} #{index}", check, TOOL_RETRIES)

@@ -184,7 +184,17 @@ async def _act(book: RunBook, tool: Tool, waiter: Waiter, final: Verdict, *, may
         except EditRejected as exc:
             return _finish(book, waiter, final, failure=f"the approved edits are no longer valid: {exc}")
         change = (
-            await recheck(book.ctx, record.tool, executed, record.index, run_id=record.run_id)
+            await recheck(
+                book.ctx,
+                record.tool,
+                executed,
+                record.index,
+                run_id=record.run_id,
+                tenant=record.tenant,
+                requester=record.requester,
+                approval_id=record.approval_id,
+                edits=changed or None,
+            )
             if tool.precondition
             else None
         )
@@ -269,7 +279,18 @@ async def _execute(
     record.edits = changed or None
     state: ApprovalState = "approved_with_edits" if changed else "approved"
     _decided(book, record, final, state)
-    run = await run_tool(book.ctx, record.tool, executed, record.index, run_id=record.run_id)
+    run = await run_tool(
+        book.ctx,
+        record.tool,
+        executed,
+        record.index,
+        run_id=record.run_id,
+        tenant=record.tenant,
+        requester=record.requester,
+        approval_id=record.approval_id,
+        approved_by=record.approved_by,
+        edits=record.edits,
+    )
     action = _action(record, final, state if run.ok else "failed", args=executed)
     action.idempotency_key = idempotency_key(record.run_id, record.index)
     action.result = run.result if run.ok else {"error": run.error}

@@ -1,26 +1,47 @@
 """Which tool calls need a person, which people, and how long they have.
 
-Guarantee: a policy is plain data (overridable per tool from the TOML file in
-`APPROVALS_POLICY_FILE`), and `evaluate` is a pure function of the policy and the validated
-arguments, so the agent loop can journal its answer once and replay it unchanged.
+Guarantee: a policy is overridable per tool from the TOML file in `APPROVALS_POLICY_FILE`, and
+`evaluate` resolves it into plain data (the condition's answer, a concrete tuple of approvers and a
+text of the rule), so the agent loop journals that answer once, inside the model turn's step, and a
+replay re-uses it: neither a policy-file change nor an approver callable can re-route a replay.
+Conditions fail closed: a missing argument, a type error or an exception in a condition gates the call.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import operator
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime, time
 from decimal import Decimal, InvalidOperation
+from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
+import cel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import to_jsonable_python
 
 from handlers.contract import EMAIL_PATTERN
 
+log = logging.getLogger(__name__)
+
 MAX_DEADLINE_SECONDS = 7 * 24 * 3600
+MAX_CONDITION_LENGTH = 2000
+# Today's one-comparison form (`amount_usd > 500`): evaluated exactly as it always was, in Decimal
+# arithmetic on the argument's value; every other condition is a CEL expression.
 _CONDITION = re.compile(r"^\s*([a-z_][a-z0-9_]*)\s*(>=|<=|==|!=|>|<)\s*(-?\d+(?:\.\d+)?)\s*$")
+# The standard CEL functions the runtime provides (macros such as `has` and `exists` expand to operators).
+_CEL_FUNCTIONS = frozenset(
+    {"size", "matches", "startsWith", "endsWith", "contains", "int", "uint", "double", "string", "bytes", "dyn"}
+    | {"type", "timestamp", "duration", "getFullYear", "getMonth", "getDate", "getDayOfMonth", "getDayOfWeek"}
+    | {"getDayOfYear", "getHours", "getMinutes", "getSeconds", "getMilliseconds"}
+)
+_CEL_OPERATOR = re.compile(r"^([^A-Za-z0-9]+|@in|@not_strictly_false)$")
 _OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
     ">": operator.gt,
     ">=": operator.ge,
@@ -31,14 +52,39 @@ _OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
 }
 
 
+@dataclass(frozen=True)
+class ApproverContext:
+    """What an approver callable is told about the call it names approvers for."""
+
+    tool: str
+    args: Any
+    """The validated arguments (an instance of the tool's `args_model`)."""
+    requester: str
+    tenant: str
+
+
+Condition: TypeAlias = str | Callable[[Any], bool]
+"""A CEL expression over the arguments (`amount_usd > 500 && region in ["eu", "uk"]`), or a callable
+that receives the validated arguments and returns True when the call needs approval."""
+ApproverSource: TypeAlias = Sequence[str] | Callable[[ApproverContext], Sequence[str]]
+"""Approvers' emails, or a callable that names them for one call (the requester's manager, on-call)."""
+
+
+class PolicyError(Exception):
+    """The policy could not be resolved for one call (an approver callable failed or named no one valid)."""
+
+
 class ToolPolicy(BaseModel):
-    """How one tool is gated. `when` is a threshold such as `amount_usd > 500`; None means always."""
+    """How one tool is gated. `when` is a condition such as `amount_usd > 500`; None means always."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     gated: bool = False
-    when: str | None = None
+    when: Condition | None = None
     approvers: tuple[str, ...] = ()
+    """Emails. `ToolPolicy(approvers=callable)` is accepted too: it is kept in `approvers_from`."""
+    approvers_from: Callable[[ApproverContext], Sequence[str]] | None = Field(default=None, exclude=True)
+    """Names the approvers of one gated call; resolved into `approvers` by `evaluate` (never journaled)."""
     quorum: int = Field(default=1, ge=1)
     deadline_seconds: int = Field(default=24 * 3600, ge=1, le=MAX_DEADLINE_SECONDS)
     reminders_seconds: tuple[int, ...] = ()
@@ -49,13 +95,22 @@ class ToolPolicy(BaseModel):
     on_superseded: Literal["reapprove", "tell_model"] = "reapprove"
     high_stakes: bool = False
     """High-stakes approvals need the approver to type the amount, id or fingerprint to confirm."""
-    high_stakes_when: str | None = None
+    high_stakes_when: Condition | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _approvers_in_code(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and callable(data.get("approvers")):
+            if data.get("approvers_from") is not None:
+                raise ValueError("give approvers as a list or as a callable, not both")
+            return {**data, "approvers": (), "approvers_from": data["approvers"]}
+        return data
 
     @field_validator("when", "high_stakes_when")
     @classmethod
-    def _check_condition(cls, when: str | None) -> str | None:
-        if when is not None and not _CONDITION.match(when):
-            raise ValueError(f"condition {when!r} must look like 'field > number'")
+    def _check_condition(cls, when: Condition | None) -> Condition | None:
+        if isinstance(when, str):
+            check_condition(when)
         return when
 
     @field_validator("approvers", "escalate_to")
@@ -71,10 +126,14 @@ class ToolPolicy(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ToolPolicy:
-        if self.gated and not self.approvers:
-            raise ValueError("a gated tool needs at least one approver")
-        if self.quorum > max(1, len(self.approvers)):
-            raise ValueError(f"quorum {self.quorum} needs at least {self.quorum} approvers")
+        # Approvers named by a callable are counted when it has named them (see `evaluate`).
+        if self.approvers_from is not None and self.approvers:
+            raise ValueError("give approvers as a list or as a callable, not both")
+        if self.approvers_from is None:
+            if self.gated and not self.approvers:
+                raise ValueError("a gated tool needs at least one approver")
+            if self.quorum > max(1, len(self.approvers)):
+                raise ValueError(f"quorum {self.quorum} needs at least {self.quorum} approvers")
         if self.quorum > 1 and self.escalate_to:
             raise ValueError("escalation is for single-approver tools (quorum 1)")
         if self.escalate_to and not self.escalate_after_seconds:
@@ -95,13 +154,20 @@ class ToolPolicy(BaseModel):
     def describe(self, tool: str) -> str:
         if not self.gated:
             return f"{tool}: autonomous"
-        condition = f" when {self.when}" if self.when else " always"
-        who = f", {self.quorum} of {len(self.approvers)} approvers" if self.quorum > 1 else ""
+        condition = f" when {describe_condition(self.when)}" if self.when else " always"
+        if self.approvers_from is not None:
+            named = f"the approvers named by {_name_of(self.approvers_from, 'a function in code')}"
+            who = f", {self.quorum} of {named}" if self.quorum > 1 else f", by {named}"
+        else:
+            who = f", {self.quorum} of {len(self.approvers)} approvers" if self.quorum > 1 else ""
         return f"{tool}: needs approval{condition}{who}"
 
 
 class PolicyVerdict(BaseModel):
-    """The journaled answer for one call: gated or not, and the whole deadline policy that applies."""
+    """The journaled answer for one call: gated or not, and the whole deadline policy that applies.
+
+    `policy` is plain data: a condition or approvers given as callables were resolved by `evaluate`
+    (the condition's answer is `gated`/`high_stakes`, its text is in `rule`)."""
 
     gated: bool
     rule: str
@@ -109,23 +175,160 @@ class PolicyVerdict(BaseModel):
     high_stakes: bool = False
 
 
-def evaluate(tool: str, policy: ToolPolicy, args: Mapping[str, Any]) -> PolicyVerdict:
-    gated = policy.gated and (policy.when is None or _condition_holds(policy.when, args))
-    high = policy.high_stakes and (policy.high_stakes_when is None or _condition_holds(policy.high_stakes_when, args))
-    return PolicyVerdict(gated=gated, rule=policy.describe(tool), policy=policy, high_stakes=gated and high)
+def evaluate(
+    tool: str, policy: ToolPolicy, args: BaseModel | Mapping[str, Any], *, requester: str = "", tenant: str = ""
+) -> PolicyVerdict:
+    """The policy's answer for one call, as plain data. `args` should be the validated arguments
+    (a Mapping of JSON values is accepted too, as in tests). Raises PolicyError when approvers given
+    as a callable cannot be named for a gated call; the call must then not run."""
+    gated = policy.gated and (policy.when is None or condition_holds(policy.when, args))
+    high = policy.high_stakes and (policy.high_stakes_when is None or condition_holds(policy.high_stakes_when, args))
+    resolved = _resolved(tool, policy, gated, ApproverContext(tool, args, requester, tenant))
+    return PolicyVerdict(gated=gated, rule=policy.describe(tool), policy=resolved, high_stakes=gated and high)
 
 
-def _condition_holds(when: str, args: Mapping[str, Any]) -> bool:
-    match = _CONDITION.match(when)
-    assert match is not None
-    field, op, threshold = match.groups()
-    if field not in args:
+def _resolved(tool: str, policy: ToolPolicy, gated: bool, context: ApproverContext) -> ToolPolicy:
+    changes: dict[str, Any] = {}
+    if callable(policy.when):
+        changes["when"] = None
+    if callable(policy.high_stakes_when):
+        changes["high_stakes_when"] = None
+    if policy.approvers_from is not None:
+        changes["approvers_from"] = None
+        if gated:
+            changes["approvers"] = _named(tool, policy.approvers_from, context)
+        else:  # nobody is asked about this call, so nobody needs naming
+            changes.update(gated=False, approvers=(), quorum=1)
+    if not changes:
+        return policy
+    try:
+        return ToolPolicy.model_validate({**policy.model_dump(), **changes})
+    except ValidationError as exc:
+        raise PolicyError(f"the approvers named for {tool} are not valid: {errors_text(exc)}") from None
+
+
+def _named(tool: str, source: Callable[[ApproverContext], Sequence[str]], context: ApproverContext) -> tuple[str, ...]:
+    try:
+        named = source(context)
+    except Exception as exc:
+        log.warning("the approvers of %s could not be named: %r", tool, exc)
+        raise PolicyError(f"the approvers of {tool} could not be named: {type(exc).__name__}: {exc}") from None
+    if isinstance(named, str | bytes) or not isinstance(named, Sequence | set | frozenset):
+        raise PolicyError(f"the approvers of {tool} must be a list of emails, not {type(named).__name__}")
+    if not all(isinstance(n, str) for n in named):
+        raise PolicyError(f"the approvers of {tool} must be a list of emails (strings)")
+    return tuple(named)
+
+
+def condition_holds(when: Condition, args: BaseModel | Mapping[str, Any]) -> bool:
+    """Whether the call meets the condition; True (gated) on any doubt."""
+    if callable(when):
+        try:
+            result = when(args)
+        except Exception as exc:
+            log.warning("condition %s raised %r: the call is gated", describe_condition(when), exc)
+            return True
+        return result if isinstance(result, bool) else True
+    legacy = _CONDITION.match(when)
+    if legacy is not None:
+        field, op, threshold = legacy.groups()
+        return _comparison_holds(field, op, threshold, args)
+    try:
+        result = _program(when).execute(cel_arguments(args))
+    except Exception:  # an undefined field, no such overload, a value CEL cannot hold: fail closed
+        return True
+    return result if isinstance(result, bool) else True
+
+
+def _comparison_holds(field: str, op: str, threshold: str, args: BaseModel | Mapping[str, Any]) -> bool:
+    if isinstance(args, BaseModel):
+        if field not in type(args).model_fields:
+            return True
+        value = getattr(args, field)
+    elif field in args:
+        value = args[field]
+    else:
         return True  # a condition on a missing field cannot clear the gate: fail closed
     try:
-        value = Decimal(str(args[field]))
+        number = Decimal(str(value))
     except InvalidOperation:
         return True
-    return _OPERATORS[op](value, Decimal(threshold))
+    if not number.is_finite():
+        return True
+    return _OPERATORS[op](number, Decimal(threshold))
+
+
+def check_condition(when: str) -> None:
+    """Raise ValueError unless `when` is a condition this module can evaluate."""
+    if len(when) > MAX_CONDITION_LENGTH:
+        raise ValueError(f"condition is longer than {MAX_CONDITION_LENGTH} characters")
+    if _CONDITION.match(when):
+        return
+    try:
+        program = _program(when)
+    except ValueError as exc:
+        first = (str(exc).splitlines() or ["syntax error"])[0]
+        raise ValueError(
+            f"condition {when!r} is not a valid CEL expression ({first.rpartition('ERROR: ')[2]}); "
+            'e.g. \'amount_usd > 500 && region in ["eu", "uk"]\''
+        ) from None
+    unknown = sorted(f for f in program.functions() if f not in _CEL_FUNCTIONS and not _CEL_OPERATOR.match(f))
+    if unknown:
+        # It would fail (closed) on every call: a mistake to report now, not a gate that is always shut.
+        raise ValueError(f"condition {when!r} calls {', '.join(unknown)}, not a CEL function")
+
+
+def condition_variables(when: Condition) -> list[str]:
+    """The names a string condition refers to (including names bound inside macros); [] for a callable."""
+    if callable(when):
+        return []
+    legacy = _CONDITION.match(when)
+    return [legacy.group(1)] if legacy else list(_program(when).variables())
+
+
+@functools.lru_cache(maxsize=512)
+def _program(when: str) -> cel.Program:
+    return cel.compile(when)
+
+
+def cel_arguments(args: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments as CEL values, each named directly: Decimals become doubles (so `amount_usd > 500`
+    compares numbers), nested models become maps (`address.country == "DE"`), enums their values."""
+    if isinstance(args, BaseModel):
+        return {name: _cel_value(getattr(args, name)) for name in type(args).model_fields}
+    return {str(k): _cel_value(v) for k, v in args.items()}
+
+
+def _cel_value(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str | bytes):
+        return value
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, Enum):
+        return _cel_value(value.value)
+    if isinstance(value, BaseModel):
+        return {name: _cel_value(getattr(value, name)) for name in type(value).model_fields}
+    if isinstance(value, Mapping):
+        return {str(k): _cel_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_cel_value(v) for v in value]
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    return _cel_value(to_jsonable_python(value))
+
+
+def describe_condition(when: Condition) -> str:
+    return when if isinstance(when, str) else _name_of(when, "a condition in code")
+
+
+def _name_of(source: Callable[..., Any], anonymous: str) -> str:
+    name = str(getattr(source, "__qualname__", None) or type(source).__name__)
+    return anonymous if name.endswith("<lambda>") else f"{name}()"
+
+
+def errors_text(exc: ValidationError) -> str:
+    """A pydantic error on one line: `field: message; ...`."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'policy'}: {e['msg']}" for e in exc.errors())
 
 
 def load_overrides(path: Path | None) -> dict[str, dict[str, Any]]:
@@ -146,6 +349,7 @@ def merge(default: ToolPolicy, override: Mapping[str, Any] | None, *, source: st
     if not override:
         return default
     try:
-        return ToolPolicy.model_validate({**default.model_dump(), **override})
+        kept = {} if "approvers" in override else {"approvers_from": default.approvers_from}
+        return ToolPolicy.model_validate({**default.model_dump(), **kept, **override})
     except ValidationError as exc:
-        raise SystemExit(f"{source}: {exc}") from exc
+        raise SystemExit(f"{source}: {errors_text(exc)}") from None

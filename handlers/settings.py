@@ -20,6 +20,7 @@ from handlers.contract import EMAIL_PATTERN
 
 SigningKeys = Annotated[dict[str, bytes], NoDecode]
 _DOMAIN = re.compile(r"^@[a-z0-9-]{1,63}(\.[a-z0-9-]{1,63})*\.[a-z]{2,24}$")
+_TOOLS_SPEC = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 _IDENTITY_KEY = re.compile(r"^publickeyv1_[1-9A-HJ-NP-Za-km-z]{32,64}$")
 _SERVICE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
@@ -34,6 +35,8 @@ class Settings(BaseSettings):
     approvals_signing_keys: SigningKeys = Field(default_factory=dict)
     approvals_outbox_dir: Path = Path(".outbox")
     approvals_policy_file: Path | None = None
+    countersign_tools: Annotated[tuple[str, ...], NoDecode] = ()
+    """`package.module:ATTR[,...]`: the tools to load instead of the demo tools."""
     resend_api_key: str | None = None
     resend_from: str = "Countersign <approvals@countersign.local>"
     resend_webhook_secret: str | None = None
@@ -80,6 +83,16 @@ class Settings(BaseSettings):
                 raise ValueError(f"signing key id {kid!r} appears twice")
             keys[kid] = secret.encode()
         return keys
+
+    @field_validator("countersign_tools", mode="before")
+    @classmethod
+    def _parse_tools(cls, raw: object) -> tuple[str, ...]:
+        if isinstance(raw, list | tuple):
+            raw = ",".join(str(item) for item in raw)
+        try:
+            return parse_tools_spec(str(raw or ""))
+        except ValueError as exc:
+            raise ValueError(f"COUNTERSIGN_TOOLS: {exc} (e.g. COUNTERSIGN_TOOLS=mycompany.tools:TOOLS)") from None
 
     @field_validator("restate_identity_keys", mode="before")
     @classmethod
@@ -172,6 +185,17 @@ class Settings(BaseSettings):
     def journal_kid(self) -> str | None:
         """The key that encrypts new journal values: the first one listed (None: no encryption)."""
         return next(iter(self.countersign_journal_keys), None)
+
+
+def parse_tools_spec(raw: str) -> tuple[str, ...]:
+    """`package.module:ATTR[,package.module:ATTR...]`, each checked for form (ValueError otherwise)."""
+    specs = tuple(s.strip() for s in raw.split(",") if s.strip())
+    for spec in specs:
+        if not _TOOLS_SPEC.match(spec):
+            raise ValueError(f"{spec!r} is not package.module:ATTRIBUTE")
+    if len(set(specs)) != len(specs):
+        raise ValueError("the same module:attribute is listed twice")
+    return specs
 
 
 def parse_journal_keys(raw: str) -> dict[str, bytes]:

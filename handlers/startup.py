@@ -1,8 +1,8 @@
 """Checks run once before serving: the process refuses to start on bad configuration.
 
-Guarantee: missing signing keys, an unreadable policy file, an unknown default model, an
-unwritable outbox or a `COUNTERSIGN_SERVICES` entry that cannot be served stop the process with a
-one-line reason, before any request is accepted; so do
+Guarantee: missing signing keys, an unreadable policy file, tools that do not load
+(COUNTERSIGN_TOOLS), an unknown default model, an unwritable outbox or a `COUNTERSIGN_SERVICES` entry
+that cannot be served stop the process with a one-line reason, before any request is accepted; so do
 missing request identity keys or journal keys outside dev/test (an endpoint anyone could invoke, a
 journal in plaintext).
 """
@@ -16,6 +16,8 @@ from handlers.services import ServicesError, endpoint_services
 from handlers.settings import Settings, require_production_keys, require_signing_keys
 from handlers.tools import default_registry
 
+log = logging.getLogger("handlers.startup")
+
 
 def configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -25,7 +27,8 @@ def configure_logging() -> None:
 
 def check(settings: Settings) -> None:
     require_signing_keys(settings)
-    default_registry()
+    tools = default_registry()
+    log.info("tools: %s: %s", tools.source, ", ".join(tools.names()))
     try:
         check_model(settings.model)
     except ModelUnavailable as exc:

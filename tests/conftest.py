@@ -39,6 +39,7 @@ BOTH_PROTOCOLS = frozenset(
         "test_models_replay",
         "test_operations",
         "test_security_ingress",
+        "test_own_tools",
         "test_serverless",
     }
 )

@@ -1,15 +1,26 @@
-"""Tools the agent may call: the registry, the demo tools and their business database."""
+"""Tools the agent may call: the registry, the demo tools and their business database.
+
+Guarantee: the loaded set is either the tools named by COUNTERSIGN_TOOLS or, when it is unset, the
+demo tools; it is built once, with the policy file's overrides, and any problem stops the start.
+"""
 
 from __future__ import annotations
 
 import functools
 
 from handlers.settings import get_settings
-from handlers.tools.demo import DEMO_TOOLS
-from handlers.tools.registry import Registry
+from handlers.tools.registry import Registry, load_tools
 
 
 @functools.cache
 def default_registry() -> Registry:
-    """The demo tools with the policy file's overrides applied; loaded once, fails fast."""
-    return Registry(DEMO_TOOLS, get_settings().approvals_policy_file)
+    """The loaded tools with the policy file's overrides applied; loaded once, fails fast."""
+    settings = get_settings()
+    if settings.countersign_tools:
+        tools = load_tools(settings.countersign_tools)
+        source = f"COUNTERSIGN_TOOLS={','.join(settings.countersign_tools)}"
+    else:
+        from handlers.tools.demo import DEMO_TOOLS  # only when they are the tools in use
+
+        tools, source = DEMO_TOOLS, "the demo tools (COUNTERSIGN_TOOLS is unset)"
+    return Registry(tools, settings.approvals_policy_file, source=source)

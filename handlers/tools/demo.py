@@ -1,20 +1,27 @@
 """The demo tools: look up an order, refund it, delete a customer, email a customer.
 
 Guarantee: each effect is one SQLite transaction keyed by the call's idempotency key; a repeat with
-the same key returns the first result and changes nothing.
+the same key returns the first result and changes nothing. They find their database through the
+settings (DEMO_DB), as any tool keeps its own connections: the EffectContext carries nothing demo-specific.
 """
 
 from __future__ import annotations
 
 import time
 from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from handlers.policy import ToolPolicy
+from handlers.settings import get_settings
 from handlers.tools.business_db import connect, transaction
 from handlers.tools.registry import EditRule, EffectContext, Tool, ToolError
+
+
+def _db() -> Path:
+    return get_settings().demo_db
 
 
 def _cents(value: Decimal) -> Decimal:
@@ -55,7 +62,7 @@ class EmailCustomerArgs(_Args):
 
 
 def lookup_order(args: LookupOrderArgs, ctx: EffectContext) -> dict[str, Any]:
-    with connect(ctx.db_path) as db:
+    with connect(_db()) as db:
         row = db.execute("SELECT * FROM orders WHERE id = ?", (args.order_id,)).fetchone()
     if row is None:
         raise ToolError(f"order {args.order_id} does not exist")
@@ -70,7 +77,7 @@ def lookup_order(args: LookupOrderArgs, ctx: EffectContext) -> dict[str, Any]:
 
 def issue_refund(args: IssueRefundArgs, ctx: EffectContext) -> dict[str, Any]:
     cents = int(args.amount_usd * 100)
-    with connect(ctx.db_path) as db, transaction(db):
+    with connect(_db()) as db, transaction(db):
         done = db.execute("SELECT * FROM refunds WHERE idempotency_key = ?", (ctx.idempotency_key,)).fetchone()
         if done is None:
             order = db.execute("SELECT * FROM orders WHERE id = ?", (args.order_id,)).fetchone()
@@ -98,7 +105,7 @@ def issue_refund(args: IssueRefundArgs, ctx: EffectContext) -> dict[str, Any]:
 
 
 def delete_customer(args: DeleteCustomerArgs, ctx: EffectContext) -> dict[str, Any]:
-    with connect(ctx.db_path) as db, transaction(db):
+    with connect(_db()) as db, transaction(db):
         done = db.execute(
             "SELECT * FROM customer_deletions WHERE idempotency_key = ?", (ctx.idempotency_key,)
         ).fetchone()
@@ -116,7 +123,7 @@ def delete_customer(args: DeleteCustomerArgs, ctx: EffectContext) -> dict[str, A
 
 
 def email_customer(args: EmailCustomerArgs, ctx: EffectContext) -> dict[str, Any]:
-    with connect(ctx.db_path) as db, transaction(db):
+    with connect(_db()) as db, transaction(db):
         done = db.execute("SELECT id FROM outbound_emails WHERE idempotency_key = ?", (ctx.idempotency_key,)).fetchone()
         if done is None:
             customer = db.execute("SELECT * FROM customers WHERE id = ?", (args.customer_id,)).fetchone()
@@ -134,7 +141,7 @@ def email_customer(args: EmailCustomerArgs, ctx: EffectContext) -> dict[str, Any
 
 
 def refund_still_possible(args: IssueRefundArgs, ctx: EffectContext) -> str | None:
-    with connect(ctx.db_path) as db:
+    with connect(_db()) as db:
         if db.execute("SELECT 1 FROM refunds WHERE idempotency_key = ?", (ctx.idempotency_key,)).fetchone():
             return None  # this very refund already ran (a retried step): nothing changed for it
         order = db.execute("SELECT * FROM orders WHERE id = ?", (args.order_id,)).fetchone()
@@ -147,7 +154,7 @@ def refund_still_possible(args: IssueRefundArgs, ctx: EffectContext) -> str | No
 
 
 def customer_still_exists(args: DeleteCustomerArgs | EmailCustomerArgs, ctx: EffectContext) -> str | None:
-    with connect(ctx.db_path) as db:
+    with connect(_db()) as db:
         customer = db.execute("SELECT deleted_at FROM customers WHERE id = ?", (args.customer_id,)).fetchone()
     if customer is None or customer["deleted_at"] is not None:
         return f"customer {args.customer_id} is gone"
