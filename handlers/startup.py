@@ -28,7 +28,6 @@ def configure_logging() -> None:
 def check(settings: Settings) -> None:
     require_signing_keys(settings)
     tools = default_registry()
-    log.info("tools: %s: %s", tools.source, ", ".join(tools.names()))
     try:
         check_model(settings.model)
     except ModelUnavailable as exc:
@@ -43,3 +42,5 @@ def check(settings: Settings) -> None:
         endpoint_services(settings)
     except ServicesError as exc:
         raise SystemExit(str(exc)) from None
+    # Only once everything checked out, so that a refusal is the one line the process prints.
+    log.info("tools: %s: %s", tools.source, ", ".join(tools.names()))
