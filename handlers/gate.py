@@ -133,7 +133,9 @@ async def decide_and_act(
     if act == "execute":
         result = await _act(book, _tool(record.tool), waiter, final)
     elif final.kind == "approve" and act == "defer":
+        # Approved, and the caller acts: it records the execution and the outcome in its own journal.
         _decided(book, record, final, state_of(final))
+        ledger.flush(book)
         return GateResult(record=record, action=_action(record, final, record.state), final=final)
     else:
         result = _report(book, waiter, final)

@@ -87,23 +87,24 @@ def test_the_journal_holds_no_plaintext_of_marked_values(
 ) -> None:
     marked = markers()
     run_with_an_approval(ingress, outbox_dir, demo_db, run_id, marked)
-    held = everything_restate_holds(restate_server, run_id)
+    approval = f"{run_id}-a0"  # the approval's own workflow holds its record, promises and emails
+    held = everything_restate_holds(restate_server, run_id) + everything_restate_holds(restate_server, approval)
     for what, value in marked.items():
         assert value not in held, f"the {what} is stored in plaintext"
     # Keys are not journal values: the approver's address is the ApprovalInbox object's key, so it
     # is readable in the target of the run's sends to that inbox, and nowhere else.
     approver = "finance@example.com"
-    ids = f"select id from sys_invocation where target_service_key = '{run_id}'"
+    ids = f"select id from sys_invocation where target_service_key in ('{run_id}', '{approval}')"
     entries = restate_server.sql(f"select entry_type, entry_json, raw from sys_journal where id in ({ids})")
     naming = [e for e in entries if approver in bytes.fromhex(e["raw"] or "").decode("utf-8", errors="replace")]
-    assert naming, "the run tells the approver's inbox"
+    assert naming, "the approval tells the approver's inbox"
     for entry in naming:
         assert entry["entry_type"] == "Command: OneWayCall"
         assert f'"name":"ApprovalInbox","key":"{approver}"' in entry["entry_json"]
         assert approver not in entry["entry_json"].replace(f'"key":"{approver}"', ""), "only as the key"
     values = restate_server.sql(
-        f"select value_utf8 as v from state where service_key = '{run_id}' union all "
-        f"select completion_success_value_utf8 as v from sys_promise where service_key = '{run_id}'"
+        f"select value_utf8 as v from state where service_key in ('{run_id}', '{approval}') union all "
+        f"select completion_success_value_utf8 as v from sys_promise where service_key in ('{run_id}', '{approval}')"
     )
     assert values and all(approver not in (row.get("v") or "") for row in values)
 
@@ -116,7 +117,7 @@ def test_the_journal_holds_no_plaintext_of_marked_values(
     opened = " ".join(cipher.open(row["value_utf8"].encode()).decode() for row in states)
     assert all(value in opened for value in marked.values()), "the sealed state does hold them"
     [promise] = restate_server.sql(
-        f"select completion_success_value_utf8 as v from sys_promise where service_key = '{run_id}'"
+        f"select completion_success_value_utf8 as v from sys_promise where service_key = '{approval}'"
         " and key like 'decision:%'"
     )
     assert marked["approver reason"] in cipher.open(promise["v"].encode()).decode()

@@ -144,7 +144,8 @@ def test_a_run_served_by_the_lambda_handler_pauses_and_completes(private_stacks:
         runs = [e for e in events if e.startswith("POST /invoke/AgentRun/run ")]
         assert len(runs) >= 2, f"one event up to the pause and at least one after the approval: {events}"
         assert all(e.endswith("-> 200") for e in runs)
-        assert "POST /invoke/AgentRun/decide -> 200" in events
+        assert "POST /invoke/Approval/decide -> 200" in events, "the page decides through the approval"
+        assert any(e.startswith("POST /invoke/Approval/run ") for e in events), "the approval waits on its own"
     finally:
         bridge.stop()
 
@@ -158,8 +159,8 @@ def test_the_session_app_is_registered_with_the_parametrised_protocol(
     assert mine["http_version"] == ("HTTP/1.1" if http1 else "HTTP/2.0")
 
 
-def statuses(restate: RestateServer, run_id: str) -> set[str]:
-    return {r["status"] for r in restate.invocation_statuses(key=run_id) if r["target_handler_name"] == "run"}
+def statuses(restate: RestateServer, run_id: str, service: str = "AgentRun") -> set[str]:
+    return {r["status"] for r in restate.invocation_statuses(service, run_id) if r["target_handler_name"] == "run"}
 
 
 @pytest.mark.slow
@@ -203,7 +204,9 @@ def test_upgrade_while_paused_new_runs_go_to_b_and_paused_runs_finish_on_a(
         token = mails["old-3"].link.rsplit("/", 1)[1]
         decided = stack.ingress.call("AgentRun", "old-3", "decide", {"token": token, "verdict": "approve"})
         assert decided.status_code == 200 and decided.json()["accepted"] is True
-        wait_until(lambda: "backing-off" in statuses(restate, "old-3"), 30, "old-3 to retry against the stopped A")
+        # The approval's own workflow, pinned to A like its run, is what resumes on the decision.
+        approval_waits = lambda: "backing-off" in statuses(restate, "old-3-a0", "Approval")  # noqa: E731
+        wait_until(approval_waits, 30, "old-3's approval to retry against the stopped A")
         assert refunds_for(stack.db_path, "old-3") == []
         app_a.restart()
 

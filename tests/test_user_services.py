@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import subprocess
 import sys
 import textwrap
@@ -124,7 +125,9 @@ def test_create_app_serves_the_given_services_and_refuses_bad_ones(tmp_path: Pat
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
             return await client.get("/restate/discover", headers={"accept": MANIFEST_V3})
 
-    discovered = asyncio.run(discover())
+    # A thread of its own: an earlier test (Playwright's sync API) may leave a loop on this one.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        discovered = pool.submit(asyncio.run, discover()).result(timeout=60)
     assert discovered.status_code == 200
     names = {s["name"]: s["ty"] for s in discovered.json()["services"]}
     assert names["Onboarding"] == "WORKFLOW" and names["AgentRun"] == "WORKFLOW"
