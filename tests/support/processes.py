@@ -602,12 +602,16 @@ class Ingress:
 
     def wait_output(self, run_id: str, timeout: float = 30.0) -> httpx.Response:
         """Poll `output` until it is no longer 470 (not completed yet), and return that response."""
+        return self.wait_output_of("AgentRun", run_id, timeout)
+
+    def wait_output_of(self, workflow: str, key: str, timeout: float = 30.0) -> httpx.Response:
+        """Poll a workflow's output until it is no longer 470 (not completed yet), and return it."""
 
         def done() -> httpx.Response | None:
-            response = self.output(run_id)
+            response = self._opened(self.client.get(f"/restate/workflow/{workflow}/{key}/output"))
             return None if response.status_code == 470 else response
 
-        return wait_until(done, timeout, f"AgentRun {run_id} to complete", interval=0.1)
+        return wait_until(done, timeout, f"{workflow} {key} to complete", interval=0.1)
 
     def close(self) -> None:
         self.client.close()
