@@ -1,5 +1,7 @@
 # The handlers for HTTP platforms that scale to zero (Cloud Run, Knative, Fly.io): one process serving
-# the Restate endpoint under /restate, the approval pages and /healthz. See docs/deployment.md.
+# the Restate endpoint under /restate, the approval pages and /healthz, all on the one port these
+# platforms route (RESTATE_ENDPOINT_BIND=shared; their front end holds the client connections, so the
+# pages keep only their body deadline here). See docs/deployment.md.
 #   docker build -t countersign .        (podman build -t countersign . works the same)
 FROM python:3.11-slim
 
@@ -9,13 +11,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PORT=8080 \
     APPROVALS_OUTBOX_DIR=/tmp/outbox \
-    DEMO_DB=/tmp/demo/business.db
+    DEMO_DB=/tmp/demo/business.db \
+    RESTATE_ENDPOINT_BIND=shared
 
 WORKDIR /app
-COPY pyproject.toml requirements.lock README.md hypercorn.toml ./
+COPY pyproject.toml requirements.lock README.md ./
 COPY handlers ./handlers
 COPY email_templates ./email_templates
-# Editable: the app reads hypercorn.toml and email_templates/ from beside the package, as in the repo.
+# Editable: the app reads email_templates/ from beside the package, as in the repo.
 RUN pip install -c requirements.lock -e . \
     && useradd --system --uid 10001 --no-create-home countersign
 

@@ -227,10 +227,12 @@ def test_the_container_file_copies_what_the_app_reads_and_serves_on_port() -> No
     lines = [line.strip() for line in dockerfile.splitlines() if line.strip() and not line.startswith("#")]
     assert lines[0] == "FROM python:3.11-slim"
     copied = {src for line in lines if line.startswith("COPY ") for src in line.split()[1:-1]}
-    assert {"handlers", "email_templates", "hypercorn.toml", "requirements.lock", "pyproject.toml"} <= copied
+    assert {"handlers", "email_templates", "requirements.lock", "pyproject.toml"} <= copied
     assert all((REPO / src).exists() for src in copied)
     allowed = {line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines() if line[:1] == "!"}
     assert copied <= allowed, "the build context must include every copied path"
     [cmd] = [line for line in lines if line.startswith("CMD ")]
     assert json.loads(cmd.removeprefix("CMD "))[-1] == "exec python -m handlers serve --bind 0.0.0.0:${PORT}"
+    # The platform routes one port: the Restate endpoint shares it with the pages.
+    assert "RESTATE_ENDPOINT_BIND=shared" in dockerfile
     assert parser().parse_args(["serve", "--bind", "0.0.0.0:8080"]).bind == "0.0.0.0:8080"

@@ -26,13 +26,13 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Self, TypeVar, cast
+from typing import Any, ClassVar, Protocol, Self, TypeVar, cast
 
 import httpx
 
 from handlers import identity
 from handlers.codec import JournalCipher
-from handlers.settings import parse_journal_keys
+from handlers.settings import SHARED_LISTENER, parse_journal_keys
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_MODULES = REPO / "node_modules"
@@ -442,26 +442,41 @@ class RestateServer:
 
 @dataclass
 class AppServer:
-    """The `python -m handlers serve` process, on a fixed port across restarts."""
+    """The `python -m handlers serve` process, on fixed ports across restarts: the pages on `port`,
+    the Restate endpoint on `restate_port` (RESTATE_ENDPOINT_BIND), unless `env` says `shared`."""
 
     proc: subprocess.Popen[bytes]
     port: int
     env: dict[str, str]
-    """The variables given to start() (on top of os.environ)."""
+    """The variables given to start() (on top of os.environ), RESTATE_ENDPOINT_BIND included."""
     cwd: Path
     log_path: Path
+    restate_port: int
     sigterm_ignored: bool = field(default=False)
     """Set once a stop() had to fall back to SIGKILL."""
+    own_restate_listener: ClassVar[bool] = True
+    """False for stand-ins that serve their Restate endpoint on `port` (restate_port is then port)."""
 
     @classmethod
     def start(cls, *, env: dict[str, str], port: int | None = None, cwd: Path = REPO, log_path: Path) -> Self:
-        port = free_port() if port is None else port
+        first, second = _free_ports(2)
+        if port is None:
+            port, restate_port = first, second
+        else:
+            restate_port = second if second != port else first
+        if cls.own_restate_listener:
+            env = {"RESTATE_ENDPOINT_BIND": f"127.0.0.1:{restate_port}", **env}
+            bind = env["RESTATE_ENDPOINT_BIND"]
+            restate_port = port if bind == SHARED_LISTENER else _port_of(bind)
+        else:
+            restate_port = port
         app = cls(
             proc=_spawn(cls._command(port), env=cls._process_env(env), cwd=cwd, log_path=log_path),
             port=port,
-            env=dict(env),
+            env=env,
             cwd=cwd,
             log_path=log_path,
+            restate_port=restate_port,
         )
         app._wait_ready()
         return app
@@ -484,14 +499,18 @@ class AppServer:
 
     @property
     def restate_uri(self) -> str:
-        return f"{self.url}/restate"
+        return f"http://127.0.0.1:{self.restate_port}/restate"
 
     def _wait_ready(self) -> None:
         _wait_ready(
             self.proc,
             name="handlers app",
-            checks=[lambda: _http_get_ok(f"{self.url}/healthz")],
-            what=f"{self.url}/healthz",
+            checks=[
+                lambda: _http_get_ok(f"{self.url}/healthz"),
+                # The two listeners start together; registering needs the Restate one.
+                *([lambda: _http_get_ok(f"{self.restate_uri}/health")] if self.restate_port != self.port else []),
+            ],
+            what=f"{self.url}/healthz and {self.restate_uri}/health",
             timeout=APP_START_TIMEOUT,
             log_path=self.log_path,
             stop_grace=APP_STOP_GRACE,
@@ -512,7 +531,8 @@ class AppServer:
     def restart(self) -> None:
         """Stop if running, then start again on the same port with the same env."""
         self.stop()
-        wait_until(lambda: port_is_free(self.port), PORT_RELEASE_TIMEOUT, f"port {self.port} to be released")
+        ports = sorted({self.port, self.restate_port})
+        wait_until(lambda: all(map(port_is_free, ports)), PORT_RELEASE_TIMEOUT, f"ports {ports} to be released")
         self.proc = _spawn(
             self._command(self.port), env=self._process_env(self.env), cwd=self.cwd, log_path=self.log_path
         )
