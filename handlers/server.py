@@ -83,6 +83,15 @@ def listeners(settings: Settings, bind: str) -> list[Listener]:
 
 async def serve(*listeners: Listener, stop: asyncio.Event | None = None) -> None:
     """Serve every listener until SIGTERM/SIGINT (or `stop` is set, or one of them stops)."""
+    for listener in listeners:
+        # Bind once before any listener starts: hypercorn binds after the app's lifespan started and
+        # leaves that lifespan dangling when the bind fails.
+        try:
+            sockets = listener.config.create_sockets()
+        except OSError as exc:
+            raise SystemExit(_cannot_bind(listener, exc)) from None
+        for sock in (*sockets.secure_sockets, *sockets.insecure_sockets, *sockets.quic_sockets):
+            sock.close()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     install_shutdown_hook(loop, stop.set, signal.SIGTERM)
@@ -90,14 +99,22 @@ async def serve(*listeners: Listener, stop: asyncio.Event | None = None) -> None
     # streams, without which hypercorn's graceful shutdown waits on them forever.
     loop.add_signal_handler(signal.SIGINT, os.kill, os.getpid(), signal.SIGTERM)
 
+    failures: list[str] = []
+
     async def one(listener: Listener) -> None:
         try:
             await hypercorn_serve(listener.app, listener.config, shutdown_trigger=stop.wait)
-        except OSError as exc:
-            raise SystemExit(f"{listener.setting} {', '.join(listener.config.bind)}: {exc.strerror or exc}") from None
+        except OSError as exc:  # taken since the check above: the others shut down gracefully, then we exit
+            failures.append(_cannot_bind(listener, exc))
         finally:
             stop.set()
 
     async with asyncio.TaskGroup() as group:
         for listener in listeners:
             group.create_task(one(listener))
+    if failures:
+        raise SystemExit(failures[0])
+
+
+def _cannot_bind(listener: Listener, exc: OSError) -> str:
+    return f"{listener.setting} {', '.join(listener.config.bind)}: {exc.strerror or exc}"

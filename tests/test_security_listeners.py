@@ -10,9 +10,14 @@ page timeout, and must come through on its first attempt.
 from __future__ import annotations
 
 import base64
+import os
 import secrets
 import socket
+import subprocess
+import sys
 import time
+import tomllib
+from importlib import resources
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,7 +25,10 @@ from urllib.parse import urlsplit
 import pytest
 from support.approver import submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import AppServer, StackFactory, make_app_env
+from support.processes import REPO, AppServer, StackFactory, free_port, make_app_env
+
+from handlers.server import public_config, restate_config
+from handlers.settings import Settings
 
 IDLE_TIMEOUT, BODY_TIMEOUT, READ_TIMEOUT = 1.0, 1.5, 2
 PAGE_TIMEOUTS = {
@@ -163,3 +171,50 @@ def test_a_restate_stream_stays_open_far_past_the_pages_timeouts(private_stacks:
     result = stack.ingress.wait_output(run_id).json()
     assert result["status"] == "completed" and result["actions"][0]["outcome"] == "approved"
     assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 90000)]
+
+
+def test_the_limits_come_from_the_installed_package() -> None:
+    """Not from the current folder: `handlers/hypercorn.toml` is package data, read as a resource."""
+    assert resources.files("handlers").joinpath("hypercorn.toml").is_file()
+    package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "hypercorn.toml" in package_data["handlers"]
+    restate = restate_config("127.0.0.1:9081")
+    assert (restate.keep_alive_max_requests, restate.keep_alive_timeout, restate.h2_max_concurrent_streams) == (
+        2147483647,
+        2147483647,
+        2147483647,
+    )
+    assert restate.read_timeout is None and restate.bind == ["127.0.0.1:9081"]
+    pages = public_config("127.0.0.1:9080", Settings(pages_idle_timeout_seconds=3, pages_read_timeout_seconds=7))
+    assert (pages.keep_alive_timeout, pages.read_timeout, pages.h11_max_incomplete_size) == (3, 7, 16384)
+
+
+@pytest.mark.parametrize(
+    ("endpoint_bind", "named"),
+    [
+        ("busy", "RESTATE_ENDPOINT_BIND 127.0.0.1:{busy}: Address already in use"),
+        ("pages", "RESTATE_ENDPOINT_BIND 127.0.0.1:{pages} is the pages' --bind too"),
+        ("9081", "restate_endpoint_bind"),
+    ],
+)
+def test_a_bad_restate_endpoint_bind_stops_serve_with_one_line(tmp_path: Path, endpoint_bind: str, named: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = {"busy": taken.getsockname()[1], "pages": free_port()}
+        value = f"127.0.0.1:{ports[endpoint_bind]}" if endpoint_bind in ports else endpoint_bind
+        env = {
+            **os.environ,
+            **make_app_env(ingress_url="http://127.0.0.1:9", outbox_dir=tmp_path / "outbox", db_path=tmp_path / "db"),
+            "RESTATE_ENDPOINT_BIND": value,
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "handlers", "serve", "--bind", f"127.0.0.1:{ports['pages']}"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 1
+    assert named.format(**ports) in done.stderr and "Traceback" not in done.stderr
