@@ -448,7 +448,7 @@ class AppServer:
     proc: subprocess.Popen[bytes]
     port: int
     env: dict[str, str]
-    """The variables given to start() (on top of os.environ), RESTATE_ENDPOINT_BIND included."""
+    """The variables given to start() (on top of os.environ; RESTATE_ENDPOINT_BIND is added at launch)."""
     cwd: Path
     log_path: Path
     restate_port: int
@@ -464,16 +464,15 @@ class AppServer:
             port, restate_port = first, second
         else:
             restate_port = second if second != port else first
-        if cls.own_restate_listener:
-            env = {"RESTATE_ENDPOINT_BIND": f"127.0.0.1:{restate_port}", **env}
+        if cls.own_restate_listener and "RESTATE_ENDPOINT_BIND" in env:
             bind = env["RESTATE_ENDPOINT_BIND"]
             restate_port = port if bind == SHARED_LISTENER else _port_of(bind)
-        else:
+        elif not cls.own_restate_listener:
             restate_port = port
         app = cls(
-            proc=_spawn(cls._command(port), env=cls._process_env(env), cwd=cwd, log_path=log_path),
+            proc=_spawn(cls._command(port), env=cls._launch_env(env, restate_port), cwd=cwd, log_path=log_path),
             port=port,
-            env=env,
+            env=dict(env),
             cwd=cwd,
             log_path=log_path,
             restate_port=restate_port,
@@ -488,6 +487,12 @@ class AppServer:
     @staticmethod
     def _process_env(env: dict[str, str]) -> dict[str, str]:
         return {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+
+    @classmethod
+    def _launch_env(cls, env: dict[str, str], restate_port: int) -> dict[str, str]:
+        if cls.own_restate_listener:
+            env = {"RESTATE_ENDPOINT_BIND": f"127.0.0.1:{restate_port}", **env}
+        return cls._process_env(env)
 
     @property
     def pid(self) -> int:
@@ -534,7 +539,10 @@ class AppServer:
         ports = sorted({self.port, self.restate_port})
         wait_until(lambda: all(map(port_is_free, ports)), PORT_RELEASE_TIMEOUT, f"ports {ports} to be released")
         self.proc = _spawn(
-            self._command(self.port), env=self._process_env(self.env), cwd=self.cwd, log_path=self.log_path
+            self._command(self.port),
+            env=self._launch_env(self.env, self.restate_port),
+            cwd=self.cwd,
+            log_path=self.log_path,
         )
         self._wait_ready()
 
