@@ -105,6 +105,9 @@ async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
             await send({"type": "lifespan.startup.complete"})
         await send({"type": "lifespan.shutdown.complete"})
         return
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close"})
+        return
     await PlainTextResponse("not found", status_code=404)(scope, receive, send)
 
 
