@@ -194,7 +194,7 @@ def test_the_limits_come_from_the_installed_package() -> None:
     [
         ("busy", "RESTATE_ENDPOINT_BIND 127.0.0.1:{busy}: Address already in use"),
         ("pages", "RESTATE_ENDPOINT_BIND 127.0.0.1:{pages} is the pages' --bind too"),
-        ("9081", "restate_endpoint_bind"),
+        ("9081", "RESTATE_ENDPOINT_BIND: String should match pattern"),
     ],
 )
 def test_a_bad_restate_endpoint_bind_stops_serve_with_one_line(tmp_path: Path, endpoint_bind: str, named: str) -> None:
