@@ -1,5 +1,7 @@
 # The handlers for HTTP platforms that scale to zero (Cloud Run, Knative, Fly.io): one process serving
-# the Restate endpoint under /restate, the approval pages and /healthz. See docs/deployment.md.
+# the Restate endpoint under /restate, the approval pages and /healthz, all on the one port these
+# platforms route (RESTATE_ENDPOINT_BIND=shared; their front end holds the client connections, so the
+# pages keep only their body deadline here). See docs/deployment.md.
 #   docker build -t countersign .        (podman build -t countersign . works the same)
 
 # Stage 1: build the wheel. It carries the package data the app reads at run time: the email
@@ -22,7 +24,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PORT=8080 \
     APPROVALS_OUTBOX_DIR=/tmp/outbox \
-    DEMO_DB=/tmp/demo/business.db
+    DEMO_DB=/tmp/demo/business.db \
+    RESTATE_ENDPOINT_BIND=shared
 
 COPY requirements.lock /tmp/requirements.lock
 COPY --from=wheel /dist /tmp/dist

@@ -3,7 +3,7 @@
 Guarantee: `BenchFloor.run` journals `steps` no-op `ctx.run` steps, then (with `wait`) one "notify"
 step that writes a marker file the way a mailer hands over a message, a durable-promise wait, and one
 "act" step whose journaled timestamp is the moment the action ran; `decide` resolves the promise.
-It is served exactly like the handlers (same hypercorn config, same Starlette shape) so the two
+It is served like the handlers' Restate endpoint (same hypercorn config, a Starlette shape) so the two
 differ only by Countersign's own logic. Run it with `python -m bench.floor --bind HOST:PORT`.
 """
 
@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 
-from handlers.server import serve
+from handlers.server import Listener, restate_config, serve
 
 SERVICE = "BenchFloor"
 MARKERS_ENV = "BENCH_FLOOR_MARKERS"
@@ -96,13 +96,13 @@ def create_app(markers: Path) -> Starlette:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__.splitlines()[0])
-    parser.add_argument("--bind", default="127.0.0.1:9081", help="HOST:PORT")
+    parser.add_argument("--bind", default="127.0.0.1:9082", help="HOST:PORT")
     parser.add_argument("--markers", type=Path, default=os.environ.get(MARKERS_ENV), help="folder for notify markers")
     args = parser.parse_args(argv)
     if args.markers is None:
         parser.error(f"--markers (or ${MARKERS_ENV}) is required")
     args.markers.mkdir(parents=True, exist_ok=True)
-    asyncio.run(serve(create_app(args.markers), args.bind))
+    asyncio.run(serve(Listener(create_app(args.markers), restate_config(args.bind), "--bind")))
     return 0
 
 

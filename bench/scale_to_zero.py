@@ -144,7 +144,7 @@ def phase(args: argparse.Namespace, root: Path, *, control: bool) -> dict[str, A
                 "runs": runs,
                 "handler_rss": rss_bytes(app.pid),
                 "restate_rss": rss_bytes(restate.pid),
-                "handler_connections": connections(app.port),
+                "handler_connections": connections(app.restate_port),
             }
 
         rows = [reading(0)]

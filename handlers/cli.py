@@ -61,8 +61,12 @@ def parser() -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", required=True)
     dev = commands.add_parser("dev", help="run restate-server, the handlers and registration locally")
     dev.add_argument("--demo", action="store_true", help="also start one demo run (a $612.40 refund)")
-    serve = commands.add_parser("serve", help="serve the handlers only (for deployment)")
-    serve.add_argument("--bind", type=_bind, default="127.0.0.1:9080", help="HOST:PORT (default 127.0.0.1:9080)")
+    serve = commands.add_parser(
+        "serve", help="serve the handlers only (for deployment); the Restate endpoint on RESTATE_ENDPOINT_BIND"
+    )
+    serve.add_argument(
+        "--bind", type=_bind, default="127.0.0.1:9080", help="HOST:PORT of the pages (default 127.0.0.1:9080)"
+    )
 
     pending = commands.add_parser("pending", help="approvals waiting for a decision, oldest first")
     pending.add_argument("--approver", type=_email)
@@ -130,14 +134,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(bind: str) -> int:
     from handlers import startup
-    from handlers.app import create_app
-    from handlers.server import serve
+    from handlers.server import listeners, serve
     from handlers.settings import get_settings
 
     startup.configure_logging()
     settings = get_settings()
     startup.check(settings)
-    asyncio.run(serve(create_app(settings), bind))
+    asyncio.run(serve(*listeners(settings, bind)))
     return 0
 
 

@@ -1,8 +1,9 @@
 """`python -m handlers dev`: the whole local stack in one command.
 
 Guarantee: starts restate-server (the pinned npm binary, `restate.toml`, data in `.restate/` of the
-folder it runs in, as `.outbox/` and `.demo/` are),
-serves the handlers on 127.0.0.1:9080, registers them, and on Ctrl-C or SIGTERM stops everything it
+folder it runs in, as `.outbox/` and `.demo/` are), serves the pages on 127.0.0.1:9080 and the Restate
+endpoint on RESTATE_ENDPOINT_BIND (127.0.0.1:9081, its own listener, as `serve` does), registers it,
+and on Ctrl-C or SIGTERM stops everything it
 started, by PID. Every wait is bounded; a busy port or a missing binary is a one-line error. Dev is
 protected like production: restate-server signs its requests with a generated ed25519 key that the
 handlers require, and journal values are sealed with a generated key (all kept in `.restate/`).
@@ -29,8 +30,8 @@ import httpx
 
 from handlers import identity, startup
 from handlers.codec import JournalCipher, JournalValueUnreadable, journal_codec
-from handlers.server import serve
-from handlers.settings import Settings, get_settings, parse_journal_keys
+from handlers.server import listeners, serve
+from handlers.settings import SHARED_LISTENER, Settings, get_settings, parse_journal_keys
 
 REPO = Path(__file__).resolve().parents[1]
 # Relative, like the outbox and demo database defaults: resolved against the folder the command runs in.
@@ -114,9 +115,6 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 15) -> None:
 
 
 def run_dev(demo: bool) -> int:
-    busy = [a for a in (INGRESS, ADMIN, HANDLERS, "127.0.0.1:5122") if not _port_free(a)]
-    if busy:
-        raise SystemExit(f"ports already in use: {', '.join(busy)} (is another dev stack running?)")
     os.environ.setdefault("COUNTERSIGN_ENV", "dev")
     signing = _dev_secret("dev-signing-keys", f"dev1:{secrets.token_urlsafe(32)}")
     os.environ.setdefault("APPROVALS_SIGNING_KEYS", signing)
@@ -124,6 +122,10 @@ def run_dev(demo: bool) -> int:
     os.environ.setdefault("RESTATE_IDENTITY_KEYS", identity.ensure_key_pair(IDENTITY_PEM))
     os.environ.setdefault("APPROVALS_PUBLIC_URL", f"http://{HANDLERS}")
     os.environ.setdefault("RESTATE_INGRESS_URL", f"http://{INGRESS}")
+    # After every default above: get_settings() reads the environment once.
+    busy = [a for a in (INGRESS, ADMIN, HANDLERS, _endpoint_bind(), "127.0.0.1:5122") if not _port_free(a)]
+    if busy:
+        raise SystemExit(f"ports already in use: {', '.join(busy)} (is another dev stack running?)")
     startup.configure_logging()
     settings = get_settings()
     startup.check(settings)
@@ -154,11 +156,15 @@ def run_dev(demo: bool) -> int:
     return 0
 
 
-async def _serve_and_register(demo: bool) -> None:
-    from handlers.app import create_app
+def _endpoint_bind() -> str:
+    """Where the Restate endpoint listens (RESTATE_ENDPOINT_BIND; `shared`: on the pages' port)."""
+    bind = get_settings().restate_endpoint_bind
+    return HANDLERS if bind == SHARED_LISTENER else bind
 
+
+async def _serve_and_register(demo: bool) -> None:
     stop = asyncio.Event()
-    serving = asyncio.create_task(serve(create_app(get_settings()), HANDLERS, stop))
+    serving = asyncio.create_task(serve(*listeners(get_settings(), HANDLERS), stop=stop))
     async with httpx.AsyncClient(timeout=10) as client:
         deadline = time.monotonic() + 20
         while True:
@@ -175,7 +181,7 @@ async def _serve_and_register(demo: bool) -> None:
                 raise SystemExit("handlers did not come up within 20 s")
             await asyncio.sleep(0.1)
         reply = await client.post(
-            f"http://{ADMIN}/deployments", json={"uri": f"http://{HANDLERS}/restate", "force": True}
+            f"http://{ADMIN}/deployments", json={"uri": f"http://{_endpoint_bind()}/restate", "force": True}
         )
         if reply.status_code >= 300:
             stop.set()
@@ -199,7 +205,8 @@ def _banner() -> str:
     settings = get_settings()
     return f"""
 Countersign dev stack is up (Ctrl-C stops everything).
-  ingress   http://{INGRESS}     admin http://{ADMIN}     handlers http://{HANDLERS}/restate
+  ingress   http://{INGRESS}     admin http://{ADMIN}
+  pages     http://{HANDLERS}     Restate endpoint http://{_endpoint_bind()}/restate
   outbox    {settings.approvals_outbox_dir}/     demo database {settings.demo_db}
 Start a run:
   curl -s -X POST http://{INGRESS}/AgentRun/refund-1/run/send -H 'content-type: application/json' -d '{task}'

@@ -23,6 +23,8 @@ _DOMAIN = re.compile(r"^@[a-z0-9-]{1,63}(\.[a-z0-9-]{1,63})*\.[a-z]{2,24}$")
 _TOOLS_SPEC = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 _IDENTITY_KEY = re.compile(r"^publickeyv1_[1-9A-HJ-NP-Za-km-z]{32,64}$")
 _SERVICE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+SHARED_LISTENER = "shared"
+"""RESTATE_ENDPOINT_BIND value that serves the Restate endpoint on the pages' port (one-port platforms)."""
 
 
 class Settings(BaseSettings):
@@ -32,6 +34,14 @@ class Settings(BaseSettings):
     restate_ingress_url: str = "http://127.0.0.1:8080"
     restate_admin_url: str = "http://127.0.0.1:9070"
     approvals_public_url: str = "http://127.0.0.1:9080"
+    # The Restate endpoint's own listener (HOST:PORT, or `shared`: on the pages' port, with the
+    # Restate limits for both) and the public listener's timeouts; see handlers/hypercorn.toml.
+    restate_endpoint_bind: str = Field(
+        default="127.0.0.1:9081", pattern=rf"^({SHARED_LISTENER}|[\w.\[\]:-]+:\d{{1,5}})$"
+    )
+    pages_idle_timeout_seconds: float = Field(default=5.0, gt=0, le=300)
+    pages_read_timeout_seconds: int = Field(default=30, ge=1, le=600)
+    pages_body_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
     approvals_signing_keys: SigningKeys = Field(default_factory=dict)
     approvals_outbox_dir: Path = Path(".outbox")
     approvals_policy_file: Path | None = None

@@ -99,7 +99,7 @@ def test_200_paused_runs_need_no_handler_and_each_refund_happens_once(private_st
         [mails[run_id]] = approval_emails(stack.outbox_dir, run_id)
 
     app.stop()
-    assert not app.alive() and port_is_free(app.port) and not app.sigterm_ignored
+    assert not app.alive() and port_is_free(app.port) and port_is_free(app.restate_port) and not app.sigterm_ignored
     assert run_statuses(restate, prefix) == Counter({"suspended": RUNS}), "nothing retries against the gone handler"
 
     app.restart()

@@ -241,4 +241,6 @@ def test_the_container_file_copies_what_the_app_reads_and_serves_on_port() -> No
     assert copied <= allowed, "the build context must include every copied path"
     [cmd] = [line for line in lines if line.startswith("CMD ")]
     assert json.loads(cmd.removeprefix("CMD "))[-1] == "exec python -m handlers serve --bind 0.0.0.0:${PORT}"
+    # The platform routes one port: the Restate endpoint shares it with the pages.
+    assert "RESTATE_ENDPOINT_BIND=shared" in dockerfile
     assert parser().parse_args(["serve", "--bind", "0.0.0.0:8080"]).bind == "0.0.0.0:8080"

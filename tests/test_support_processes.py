@@ -26,7 +26,7 @@ from support.processes import (
 
 FAKE_MAIN = textwrap.dedent(
     """
-    import argparse, http.server, os, signal, subprocess, sys
+    import argparse, http.server, os, signal, subprocess, sys, threading
 
     parser = argparse.ArgumentParser()
     parser.add_argument("command", choices=["serve"])
@@ -42,13 +42,19 @@ FAKE_MAIN = textwrap.dedent(
         with open(os.environ["FAKE_CHILD_PID_FILE"], "w") as f:
             f.write(str(child.pid))
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200 if self.path == "/healthz" else 404)
-            self.end_headers()
+    def answering(path):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200 if self.path == path else 404)
+                self.end_headers()
+        return Handler
 
+    # Like the real app: the pages on --bind, the Restate endpoint on RESTATE_ENDPOINT_BIND.
+    host, port = os.environ["RESTATE_ENDPOINT_BIND"].rsplit(":", 1)
+    endpoint = http.server.HTTPServer((host, int(port)), answering("/restate/health"))
+    threading.Thread(target=endpoint.serve_forever, daemon=True).start()
     host, port = args.bind.rsplit(":", 1)
-    http.server.HTTPServer((host, int(port)), Handler).serve_forever()
+    http.server.HTTPServer((host, int(port)), answering("/healthz")).serve_forever()
     """
 )
 
@@ -151,19 +157,22 @@ def test_app_server_start_kill_restart_stop(fake_app_dir: Path, tmp_path: Path) 
     )
     try:
         assert app.url == f"http://127.0.0.1:{app.port}"
-        assert app.restate_uri == f"{app.url}/restate"
+        assert app.restate_port != app.port and "RESTATE_ENDPOINT_BIND" not in app.env
+        assert app.restate_uri == f"http://127.0.0.1:{app.restate_port}/restate"
         assert httpx.get(f"{app.url}/healthz", trust_env=False).status_code == 200
+        assert httpx.get(f"{app.restate_uri}/health", trust_env=False).status_code == 200
         child_pid = int(wait_until(lambda: child_pid_file.read_text() or None, 5.0, "the child's pid"))
         assert _pid_alive(child_pid)
 
-        first, port = app.proc, app.port
+        first, port, restate_port = app.proc, app.port, app.restate_port
         app.kill9()
         _assert_reaped(first)
         wait_until(lambda: not _pid_alive(child_pid), 5.0, "the app's child to die with its group")
-        assert port_is_free(port)
+        assert port_is_free(port) and port_is_free(restate_port)
 
         app.restart()
-        assert app.port == port and app.pid != first.pid
+        assert (app.port, app.restate_port) == (port, restate_port) and app.pid != first.pid
+        assert httpx.get(f"{app.restate_uri}/health", trust_env=False).status_code == 200
         assert httpx.get(f"{app.url}/healthz", trust_env=False).status_code == 200
 
         second = app.proc

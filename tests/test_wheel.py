@@ -150,11 +150,12 @@ def test_the_installed_wheel_serves_one_approval_from_outside_the_checkout(
         InstalledApp.python = str(venv)
         app = InstalledApp.start(env=env, port=port, cwd=folder, log_path=tmp_path / "app.log")
         try:
-            # The packaged limits are in force: hypercorn's default would advertise 100 streams.
+            # The packaged limits are in force on the Restate listener: hypercorn's default would
+            # advertise 100 streams (and so does the public listener, on purpose).
             packaged = tomllib.loads((site_packages(venv) / "handlers" / "hypercorn.toml").read_text())
-            advertised = h2_settings_of(port)
-            assert advertised[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] == packaged["h2_max_concurrent_streams"]
-            assert packaged["h2_max_concurrent_streams"] == 2147483647
+            limit = packaged["restate"]["h2_max_concurrent_streams"]
+            assert h2_settings_of(app.restate_port)[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] == limit
+            assert limit == 2147483647
 
             restate.register(app.restate_uri)
             ingress = Ingress(restate.ingress_url, env["COUNTERSIGN_JOURNAL_KEYS"])

@@ -26,13 +26,13 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Self, TypeVar, cast
+from typing import Any, ClassVar, Protocol, Self, TypeVar, cast
 
 import httpx
 
 from handlers import identity
 from handlers.codec import JournalCipher
-from handlers.settings import parse_journal_keys
+from handlers.settings import SHARED_LISTENER, parse_journal_keys
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_MODULES = REPO / "node_modules"
@@ -442,26 +442,40 @@ class RestateServer:
 
 @dataclass
 class AppServer:
-    """The `python -m handlers serve` process, on a fixed port across restarts."""
+    """The `python -m handlers serve` process, on fixed ports across restarts: the pages on `port`,
+    the Restate endpoint on `restate_port` (RESTATE_ENDPOINT_BIND), unless `env` says `shared`."""
 
     proc: subprocess.Popen[bytes]
     port: int
     env: dict[str, str]
-    """The variables given to start() (on top of os.environ)."""
+    """The variables given to start() (on top of os.environ; RESTATE_ENDPOINT_BIND is added at launch)."""
     cwd: Path
     log_path: Path
+    restate_port: int
     sigterm_ignored: bool = field(default=False)
     """Set once a stop() had to fall back to SIGKILL."""
+    own_restate_listener: ClassVar[bool] = True
+    """False for stand-ins that serve their Restate endpoint on `port` (restate_port is then port)."""
 
     @classmethod
     def start(cls, *, env: dict[str, str], port: int | None = None, cwd: Path = REPO, log_path: Path) -> Self:
-        port = free_port() if port is None else port
+        first, second = _free_ports(2)
+        if port is None:
+            port, restate_port = first, second
+        else:
+            restate_port = second if second != port else first
+        if cls.own_restate_listener and "RESTATE_ENDPOINT_BIND" in env:
+            bind = env["RESTATE_ENDPOINT_BIND"]
+            restate_port = port if bind == SHARED_LISTENER else _port_of(bind)
+        elif not cls.own_restate_listener:
+            restate_port = port
         app = cls(
-            proc=_spawn(cls._command(port), env=cls._process_env(env), cwd=cwd, log_path=log_path),
+            proc=_spawn(cls._command(port), env=cls._launch_env(env, restate_port), cwd=cwd, log_path=log_path),
             port=port,
             env=dict(env),
             cwd=cwd,
             log_path=log_path,
+            restate_port=restate_port,
         )
         app._wait_ready()
         return app
@@ -474,6 +488,12 @@ class AppServer:
     def _process_env(env: dict[str, str]) -> dict[str, str]:
         return {**os.environ, "PYTHONUNBUFFERED": "1", **env}
 
+    @classmethod
+    def _launch_env(cls, env: dict[str, str], restate_port: int) -> dict[str, str]:
+        if cls.own_restate_listener:
+            env = {"RESTATE_ENDPOINT_BIND": f"127.0.0.1:{restate_port}", **env}
+        return cls._process_env(env)
+
     @property
     def pid(self) -> int:
         return self.proc.pid
@@ -484,14 +504,18 @@ class AppServer:
 
     @property
     def restate_uri(self) -> str:
-        return f"{self.url}/restate"
+        return f"http://127.0.0.1:{self.restate_port}/restate"
 
     def _wait_ready(self) -> None:
         _wait_ready(
             self.proc,
             name="handlers app",
-            checks=[lambda: _http_get_ok(f"{self.url}/healthz")],
-            what=f"{self.url}/healthz",
+            checks=[
+                lambda: _http_get_ok(f"{self.url}/healthz"),
+                # The two listeners start together; registering needs the Restate one.
+                *([lambda: _http_get_ok(f"{self.restate_uri}/health")] if self.restate_port != self.port else []),
+            ],
+            what=f"{self.url}/healthz and {self.restate_uri}/health",
             timeout=APP_START_TIMEOUT,
             log_path=self.log_path,
             stop_grace=APP_STOP_GRACE,
@@ -512,9 +536,13 @@ class AppServer:
     def restart(self) -> None:
         """Stop if running, then start again on the same port with the same env."""
         self.stop()
-        wait_until(lambda: port_is_free(self.port), PORT_RELEASE_TIMEOUT, f"port {self.port} to be released")
+        ports = sorted({self.port, self.restate_port})
+        wait_until(lambda: all(map(port_is_free, ports)), PORT_RELEASE_TIMEOUT, f"ports {ports} to be released")
         self.proc = _spawn(
-            self._command(self.port), env=self._process_env(self.env), cwd=self.cwd, log_path=self.log_path
+            self._command(self.port),
+            env=self._launch_env(self.env, self.restate_port),
+            cwd=self.cwd,
+            log_path=self.log_path,
         )
         self._wait_ready()
 

@@ -20,6 +20,8 @@ BRIDGE = Path(__file__).resolve().parent / "lambda_bridge.py"
 class LambdaBridge(AppServer):
     """`tests/support/lambda_bridge.py`: Restate's HTTP/1.1 requests in, Lambda events to the handler."""
 
+    own_restate_listener = False
+
     @staticmethod
     def _command(port: int) -> list[str]:
         return [sys.executable, str(BRIDGE), "--bind", f"127.0.0.1:{port}"]
