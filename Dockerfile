@@ -5,7 +5,7 @@
 #   docker build -t countersign .        (podman build -t countersign . works the same)
 
 # Stage 1: build the wheel. It carries the package data the app reads at run time: the email
-# templates (email_templates/ becomes handlers/mail/email_templates/) and handlers/hypercorn.toml.
+# templates (email_templates/ becomes handlers/mail/email_templates/) and handlers/runtime/hypercorn.toml.
 FROM python:3.11-slim AS wheel
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src

@@ -1,7 +1,7 @@
 """The processes under test: one restate-server, the Countersign handlers and the floor's handlers.
 
 Guarantee: all three bind 127.0.0.1 on free ports, run the committed `restate.toml` and
-`handlers/hypercorn.toml` (with the test suite's loopback overrides, and the partition count and RocksDB budget
+`handlers/runtime/hypercorn.toml` (with the test suite's loopback overrides, and the partition count and RocksDB budget
 put back to the committed values), and are stopped by PID through the `ExitStack` they are started
 under, in reverse order, however the bench ends.
 """

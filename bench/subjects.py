@@ -25,9 +25,9 @@ from support.processes import AppServer
 
 from bench.floor import SERVICE as FLOOR_SERVICE
 from bench.watch import MarkerWatcher, approval_email_run, floor_marker_run
-from handlers.codec import JournalCipher
+from handlers.demo.business_db import connect, transaction
+from handlers.security.codec import JournalCipher
 from handlers.settings import parse_journal_keys
-from handlers.tools.business_db import connect, transaction
 
 REQUESTER = "bench@example.com"
 GATED_AMOUNT = "800.00"

@@ -19,11 +19,11 @@ Restate SDK) load on first use. Everything not listed in `__all__` may change be
 
 from typing import TYPE_CHECKING, Any
 
-from handlers.policy import ApproverContext, ApproverSource, Condition, PolicyError, PolicyVerdict, ToolPolicy
+from handlers.tools.policy import ApproverContext, ApproverSource, Condition, PolicyError, PolicyVerdict, ToolPolicy
 from handlers.tools.registry import EditRule, EffectContext, Registry, Tool, ToolError, load_tools
 
 if TYPE_CHECKING:
-    from handlers.approval_calls import ApprovalOutcome, gated_call, request_approval
+    from handlers.approval.calls import ApprovalOutcome, gated_call, request_approval
 
 _GATE = ("ApprovalOutcome", "gated_call", "request_approval")
 
@@ -48,7 +48,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _GATE:
-        from handlers import approval_calls
+        from handlers.approval import calls as approval_calls
 
         return getattr(approval_calls, name)
     raise AttributeError(f"module 'handlers' has no attribute {name!r}")

@@ -4,7 +4,7 @@ import sys
 
 from pydantic import ValidationError
 
-from handlers.cli import main
+from handlers.ops.cli import main
 
 try:
     sys.exit(main())

@@ -35,7 +35,7 @@ class Settings(BaseSettings):
     restate_admin_url: str = "http://127.0.0.1:9070"
     approvals_public_url: str = "http://127.0.0.1:9080"
     # The Restate endpoint's own listener (HOST:PORT, or `shared`: on the pages' port, with the
-    # Restate limits for both) and the public listener's timeouts; see handlers/hypercorn.toml.
+    # Restate limits for both) and the public listener's timeouts; see handlers/runtime/hypercorn.toml.
     restate_endpoint_bind: str = Field(
         default="127.0.0.1:9081", pattern=rf"^({SHARED_LISTENER}|[\w.\[\]:-]+:\d{{1,5}})$"
     )
@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     approvals_security_contact: str | None = Field(default=None, pattern=r"^[^@\s<>\"']{1,64}@[A-Za-z0-9.-]{1,190}$")
     restate_identity_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     countersign_journal_keys: SigningKeys = Field(default_factory=dict)
-    # The user's own Restate services, served by the same endpoint (imported by handlers.services).
+    # The user's own Restate services, served by the same endpoint (imported by handlers.runtime.services).
     countersign_services: Annotated[list[str], NoDecode] = Field(default_factory=list)
     model: str = "scripted"
     # The providers' own variables, passed to their SDKs explicitly.

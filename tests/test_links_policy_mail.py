@@ -10,13 +10,13 @@ import pytest
 from pydantic import ValidationError
 from support.records import approval_record
 
-from handlers import links
+from handlers.approval.gate import action_digest
 from handlers.contract import ApprovalRecord
-from handlers.gate import action_digest
 from handlers.mail.message import OutgoingEmail
 from handlers.mail.outbox import OutboxMailer
-from handlers.policy import ToolPolicy, evaluate
+from handlers.security import links
 from handlers.settings import Settings
+from handlers.tools.policy import ToolPolicy, evaluate
 
 KEYS = {"k1": b"a" * 32, "k0": b"b" * 32}
 

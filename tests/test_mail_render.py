@@ -25,7 +25,6 @@ from support.injection import (
     value_lines_outside_blocks,
 )
 
-from handlers import links
 from handlers.contract import ApprovalRecord, Vote
 from handlers.mail.approval_email import approval_request, batch_request
 from handlers.mail.intent import from_tag_value, tag_value
@@ -34,6 +33,7 @@ from handlers.mail.outbox import OutboxMailer
 from handlers.mail.outcome_email import outcome_notice
 from handlers.mail.receipt_email import decision_receipt
 from handlers.mail.render import environment
+from handlers.security import links
 from handlers.settings import Settings
 
 SETTINGS = Settings(

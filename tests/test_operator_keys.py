@@ -38,7 +38,7 @@ def dev_folder(tmp_path: Path) -> tuple[Path, str]:
     folder = tmp_path / "checkout"
     folder.mkdir()
     made = subprocess.run(
-        [sys.executable, "-c", "from handlers.devstack import dev_journal_keys; print(dev_journal_keys())"],
+        [sys.executable, "-c", "from handlers.runtime.devstack import dev_journal_keys; print(dev_journal_keys())"],
         cwd=folder,
         capture_output=True,
         text=True,

@@ -10,8 +10,8 @@ from support.business import new_order
 from support.processes import AppServer, Ingress, RestateServer
 from support.records import approval_record
 
+from handlers.approval.run_state import HEADER_KEY, RunState, action_key, approval_key, assemble
 from handlers.contract import ActionRecord, ApprovalRecord, Outcome
-from handlers.run_state import HEADER_KEY, RunState, action_key, approval_key, assemble
 
 
 def lookups(order: int, steps: int) -> dict[str, Any]:

@@ -13,8 +13,9 @@ from support.approver import open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import AppServer, Ingress, RestateServer, wait_until
 
-from handlers import confirm, links
+from handlers.approval import confirm
 from handlers.contract import ApprovalRecord
+from handlers.security import links
 from handlers.settings import Settings
 
 

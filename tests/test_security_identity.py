@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.processes import DEPLOYMENT_PROTOCOLS, REPO, AppServer, RestateServer, free_port
 
-from handlers import identity
+from handlers.security import identity
 
 MANIFEST = {"accept": "application/vnd.restate.endpointmanifest.v3+json"}
 

@@ -23,7 +23,7 @@ from support.business import new_order, refunds_for
 from support.processes import REPO, AppServer, Ingress, RestateServer, wait_until
 from test_operations import cli, inbox, refund_task
 
-from handlers.audit import GENESIS, AuditEntry, AuditLog, _append, verify
+from handlers.objects.audit import GENESIS, AuditEntry, AuditLog, _append, verify
 from handlers.settings import Settings
 
 
@@ -224,7 +224,7 @@ def test_reassign_outside_the_policy_is_refused_and_changes_nothing(
     status_before = ingress.status(run_id)["approvals"]
 
     refused = cli(restate_server, "reassign", approval, "--to", "mallory@evil.test", "--reason", "trust me")
-    # The address itself is scrubbed from error text (handlers.redact), which bypasses the journal codec.
+    # The address itself is scrubbed from error text (handlers.security.redact), which bypasses the journal codec.
     assert refused.returncode == 1 and "may not decide issue_refund" in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr
     direct = ingress.call("AgentRun", run_id, "reassign", {"approval_id": approval, "to": "Mallory@Evil.test"})

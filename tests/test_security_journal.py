@@ -19,7 +19,7 @@ from support.approver import submit, wait_for_email
 from support.business import new_order
 from support.processes import AppServer, Ingress, RestateServer, StackFactory, wait_until
 
-from handlers.codec import ENVELOPE, JournalCipher
+from handlers.security.codec import ENVELOPE, JournalCipher
 from handlers.settings import parse_journal_keys
 
 BINARY_COLUMNS = {"raw", "value", "completion_success_value"}

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from support.records import approval_record
 
-from handlers import links
 from handlers.contract import ApprovalRecord
+from handlers.security import links
 
 SECRET_1 = b"1" * 32
 SECRET_0 = b"0" * 32

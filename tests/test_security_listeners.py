@@ -27,7 +27,7 @@ from support.approver import submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import REPO, AppServer, StackFactory, free_port, make_app_env
 
-from handlers.server import public_config, restate_config
+from handlers.runtime.server import public_config, restate_config
 from handlers.settings import Settings
 
 IDLE_TIMEOUT, BODY_TIMEOUT, READ_TIMEOUT = 1.0, 1.5, 2
@@ -174,10 +174,10 @@ def test_a_restate_stream_stays_open_far_past_the_pages_timeouts(private_stacks:
 
 
 def test_the_limits_come_from_the_installed_package() -> None:
-    """Not from the current folder: `handlers/hypercorn.toml` is package data, read as a resource."""
-    assert resources.files("handlers").joinpath("hypercorn.toml").is_file()
+    """Not from the current folder: `handlers/runtime/hypercorn.toml` is package data, read as a resource."""
+    assert resources.files("handlers.runtime").joinpath("hypercorn.toml").is_file()
     package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert "hypercorn.toml" in package_data["handlers"]
+    assert "hypercorn.toml" in package_data["handlers.runtime"]
     restate = restate_config("127.0.0.1:9081")
     assert (restate.keep_alive_max_requests, restate.keep_alive_timeout, restate.h2_max_concurrent_streams) == (
         2147483647,

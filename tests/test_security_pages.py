@@ -23,7 +23,7 @@ from support.approver import ApprovalEmail, form_csrf, open_page, submit, wait_f
 from support.business import new_order, refunds_for
 from support.processes import AppServer, Ingress, RestateServer, wait_until
 
-from handlers import confirm
+from handlers.approval import confirm
 from handlers.web.views import SECURITY_HEADERS
 
 # hypercorn closes a connection whose request body a refusal never read, and a client that reuses

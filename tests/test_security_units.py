@@ -21,13 +21,15 @@ from pydantic import ValidationError
 from restate import TerminalError
 from restate.exceptions import RetryableError
 
-from handlers import confirm, identity, startup
-from handlers.codec import ENVELOPE, JournalCipher, JournalValueUnreadable
+from handlers.approval import confirm
 from handlers.contract import EMAIL_PATTERN, AgentTask, ApprovalRecord, ReassignRequest
-from handlers.policy import ToolPolicy, evaluate
-from handlers.redact import ScrubbedError, clean_failures, scrub, scrubbed
+from handlers.runtime import startup
+from handlers.security import identity
+from handlers.security.codec import ENVELOPE, JournalCipher, JournalValueUnreadable
+from handlers.security.redact import ScrubbedError, clean_failures, scrub, scrubbed
 from handlers.settings import Settings, parse_journal_keys
 from handlers.tools import default_registry
+from handlers.tools.policy import ToolPolicy, evaluate
 
 T = TypeVar("T")
 K1, K0 = os.urandom(32), os.urandom(32)
@@ -204,7 +206,7 @@ def test_scrubbed_steps_fail_without_personal_data_or_causes() -> None:
 def test_scrubbed_keeps_the_signature_the_sdk_reads_for_its_serde() -> None:
     import inspect
 
-    from handlers.agent_run import _model_turn
+    from handlers.agent.run import _model_turn
 
     assert inspect.signature(_model_turn, eval_str=True).return_annotation.__name__ == "Turn"
     assert inspect.iscoroutinefunction(scrubbed(async_noop)) and not inspect.iscoroutinefunction(scrubbed(len))

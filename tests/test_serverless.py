@@ -30,9 +30,9 @@ from support.serverless import (
     pinned_deployments,
 )
 
-from handlers import identity
-from handlers.cli import parser
-from handlers.lambda_handler import create_handler
+from handlers.ops.cli import parser
+from handlers.runtime.lambda_handler import create_handler
+from handlers.security import identity
 from handlers.settings import Settings
 
 T = TypeVar("T")

@@ -10,7 +10,7 @@ from markupsafe import Markup
 from support.injection import BIDI, INVISIBLE, hidden_characters
 from support.records import approval_record
 
-from handlers.textsafety import finalize, visible
+from handlers.security.textsafety import finalize, visible
 from handlers.web import wording
 from handlers.web.views import page
 

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ValidationError
 
 import handlers
 from handlers import ApproverContext, EffectContext, Registry, Tool, ToolPolicy, load_tools
-from handlers.policy import PolicyError, PolicyVerdict, evaluate
 from handlers.settings import Settings
+from handlers.tools.policy import PolicyError, PolicyVerdict, evaluate
 
 FINANCE = ("finance@example.com",)
 
@@ -52,7 +52,8 @@ def test_the_public_api_is_documented_and_light() -> None:
         assert name in handlers.__all__
     probe = "import sys, handlers; print(sorted(m for m in sys.modules if m.startswith(('handlers.', 'restate'))))"
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert "handlers.app" not in loaded and "handlers.agent_run" not in loaded and "'restate" not in loaded, loaded
+    assert "handlers.runtime.app" not in loaded and "handlers.agent.run" not in loaded, loaded
+    assert "'restate" not in loaded, loaded
 
 
 def test_five_fields_define_a_tool_with_sensible_defaults() -> None:

@@ -16,7 +16,7 @@ from support.approver import submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import StackFactory, free_port, make_app_env
 
-from handlers.app import create_app
+from handlers.runtime.app import create_app
 from handlers.settings import Settings
 
 MANIFEST_V3 = "application/vnd.restate.endpointmanifest.v3+json"

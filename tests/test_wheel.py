@@ -98,7 +98,7 @@ def test_the_wheel_carries_every_module_and_the_package_data(wheel: Path) -> Non
     assert modules and not modules - names, f"missing from the wheel: {sorted(modules - names)}"
     templates = {f"handlers/mail/{path}" for path in tracked_files("email_templates")}
     assert templates and not templates - names, f"missing from the wheel: {sorted(templates - names)}"
-    assert "handlers/hypercorn.toml" in names
+    assert "handlers/runtime/hypercorn.toml" in names
     pages = set(tracked_files("handlers/web/templates"))
     assert pages and pages <= names
 
@@ -152,7 +152,7 @@ def test_the_installed_wheel_serves_one_approval_from_outside_the_checkout(
         try:
             # The packaged limits are in force on the Restate listener: hypercorn's default would
             # advertise 100 streams (and so does the public listener, on purpose).
-            packaged = tomllib.loads((site_packages(venv) / "handlers" / "hypercorn.toml").read_text())
+            packaged = tomllib.loads((site_packages(venv) / "handlers" / "runtime" / "hypercorn.toml").read_text())
             limit = packaged["restate"]["h2_max_concurrent_streams"]
             assert h2_settings_of(app.restate_port)[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] == limit
             assert limit == 2147483647

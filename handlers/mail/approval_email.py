@@ -13,12 +13,12 @@ from __future__ import annotations
 from functools import partial
 from typing import Literal
 
-from handlers import links
 from handlers.contract import ApprovalRecord
 from handlers.mail.deliver import deliver
 from handlers.mail.intent import intent_key, tags_for
 from handlers.mail.message import MailRejected, OutgoingEmail, SendReceipt
 from handlers.mail.render import render
+from handlers.security import links
 from handlers.settings import Settings
 
 MailKind = Literal["request", "reminder", "escalation", "reapproval"]

@@ -9,7 +9,7 @@ stylesheet inlined into `style` attributes (mail clients drop `<style>` blocks) 
 Text that the agent or a tool call supplied can never pass for one of our own lines: in the text
 part every line of it is indented under its label (`indent_text`, `arg_text`) or kept on its label's
 line (`one_line`); in the HTML part it is escaped; in both, invisible formatting characters (bidi
-overrides, zero-width) are shown as `[U+XXXX]` markers (`handlers.textsafety`).
+overrides, zero-width) are shown as `[U+XXXX]` markers (`handlers.security.textsafety`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import css_inline
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
-from handlers.textsafety import finalize
+from handlers.security.textsafety import finalize
 from handlers.timewords import duration
 
 MAX_SUBJECT = 180

@@ -20,7 +20,7 @@ def default_registry() -> Registry:
         tools = load_tools(settings.countersign_tools)
         source = f"COUNTERSIGN_TOOLS={','.join(settings.countersign_tools)}"
     else:
-        from handlers.tools.demo import DEMO_TOOLS  # only when they are the tools in use
+        from handlers.demo.tools import DEMO_TOOLS  # only when they are the tools in use
 
         tools, source = DEMO_TOOLS, "the demo tools (COUNTERSIGN_TOOLS is unset)"
     return Registry(tools, settings.approvals_policy_file, source=source)

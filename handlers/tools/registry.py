@@ -24,8 +24,8 @@ from typing import Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ValidationError
 
-from handlers.policy import ToolPolicy, condition_variables, load_overrides, merge
 from handlers.settings import parse_tools_spec
+from handlers.tools.policy import ToolPolicy, condition_variables, load_overrides, merge
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,9 @@ from typing import Literal
 from starlette.datastructures import FormData
 from starlette.responses import Response
 
-from handlers import confirm, links
+from handlers.approval import confirm
 from handlers.contract import ApprovalRecord, Decision, DecisionReceipt, RunStatus
+from handlers.security import links
 from handlers.settings import Settings
 from handlers.web import wording
 from handlers.web.runs_client import RunCallFailed, RunsClient

@@ -15,8 +15,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from handlers import links
-from handlers.links import LinkInvalid
+from handlers.security import links
+from handlers.security.links import LinkInvalid
 from handlers.settings import Settings
 from handlers.web.runs_client import RunCallFailed, RunsClient
 from handlers.web.views import notice, page, remaining, when

@@ -18,9 +18,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from handlers import confirm, links
+from handlers.approval import confirm
 from handlers.contract import ActionRecord, ApprovalRecord, Decision, DecisionReceipt, RunStatus
-from handlers.links import LinkInvalid
+from handlers.security import links
+from handlers.security.links import LinkInvalid
 from handlers.settings import Settings
 from handlers.web import batch, wording
 from handlers.web.runs_client import RunCallFailed, RunsClient

@@ -16,9 +16,9 @@ from contextlib import asynccontextmanager
 import httpx
 import restate
 
-from handlers.codec import JournalValueUnreadable
 from handlers.contract import Decision, DecisionReceipt, PageView, RunStatus
-from handlers.inbox import InboxView
+from handlers.objects.inbox import InboxView
+from handlers.security.codec import JournalValueUnreadable
 
 log = logging.getLogger("countersign.web")
 SERVICE = "Approval"

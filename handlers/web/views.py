@@ -14,7 +14,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.responses import HTMLResponse
 
-from handlers.textsafety import finalize, verbatim
+from handlers.security.textsafety import finalize, verbatim
 from handlers.web import wording
 
 _TEMPLATES = Environment(

@@ -23,8 +23,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from handlers.codec import journal_codec
-from handlers.resend_events import MAX_PAYLOAD, SVIX_ID, WebhookDelivery, delivery_events, idempotency_key, receive
+from handlers.objects.resend_events import (
+    MAX_PAYLOAD,
+    SVIX_ID,
+    WebhookDelivery,
+    delivery_events,
+    idempotency_key,
+    receive,
+)
+from handlers.security.codec import journal_codec
 from handlers.settings import Settings
 
 log = logging.getLogger("countersign.webhooks")

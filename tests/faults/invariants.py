@@ -24,7 +24,7 @@ from support.processes import REPO, IsolatedStack
 
 from faults.mail import Mail, MailSource
 from faults.people import Cancel, Click
-from handlers.gate import action_digest
+from handlers.approval.gate import action_digest
 from handlers.mail.intent import APPROVER_KINDS
 
 EXECUTED = {"approved", "approved_with_edits", "autonomous"}

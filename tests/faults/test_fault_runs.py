@@ -42,7 +42,7 @@ from faults.mail import MailSource, Outbox, ResendLog
 from faults.people import Click, People
 from faults.plan import FINANCE, OPS, POLICY_TOML, SECURITY, Choice, FaultPlan, RunPlan, draw
 from faults.switch import Switch
-from handlers.tools.business_db import connect, transaction
+from handlers.demo.business_db import connect, transaction
 
 ARTIFACTS = REPO / "test-artifacts" / "faults"
 MODES = ["outbox-http2", "resend-http1.1"]

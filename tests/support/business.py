@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from handlers.tools.business_db import connect, transaction
+from handlers.demo.business_db import connect, transaction
 
 _ids = itertools.count(100_000 + (os.getpid() % 1000) * 1000)
 

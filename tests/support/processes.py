@@ -30,8 +30,8 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar, cast
 
 import httpx
 
-from handlers import identity
-from handlers.codec import JournalCipher
+from handlers.security import identity
+from handlers.security.codec import JournalCipher
 from handlers.settings import SHARED_LISTENER, parse_journal_keys
 
 REPO = Path(__file__).resolve().parents[2]

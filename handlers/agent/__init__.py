@@ -1,0 +1,1 @@
+"""`AgentRun`: the batteries-included agent built on the gate's public calls."""

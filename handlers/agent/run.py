@@ -1,0 +1,351 @@
+"""`AgentRun`: one agent run as a Restate workflow (key = run id).
+
+Guarantee: every model turn, policy answer, email and tool effect is a journaled step, so a run
+resumes after any crash or restart without repeating what already happened; the loop is bounded by
+`AGENT_MAX_TURNS`, a model turn's retries by `MODEL_MAX_ATTEMPTS` and malformed replies in a row by
+`MODEL_MAX_MALFORMED_TURNS`; a malformed task ends at once with a 400 carrying the validation message.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import restate
+from pydantic import BaseModel, ValidationError
+from restate import RunOptions, TerminalError, WorkflowContext, WorkflowSharedContext
+from restate.exceptions import RetryableError
+from restate.serde import Serde
+
+from handlers import retention
+from handlers.agent.turn import PolicyAnswer, RunMustFail, ask_policy, handle_turn
+from handlers.approval import ledger
+from handlers.approval.run_state import RunBook, RunState, load_run
+from handlers.approval.verdict import CANCEL_PROMISE, is_cancellation
+from handlers.approval.workflow import cancel as approval_cancel
+from handlers.approval.workflow import complete, pending_of, run_status
+from handlers.approval.workflow import decide as approval_decide
+from handlers.approval.workflow import delivery_failed as approval_delivery_failed
+from handlers.approval.workflow import reassign as approval_reassign
+from handlers.approval.workflow import status as approval_status
+from handlers.contract import (
+    ActionRecord,
+    AgentTask,
+    CancelReceipt,
+    CancelRequest,
+    Decision,
+    DecisionReceipt,
+    Outcome,
+    ReassignReceipt,
+    ReassignRequest,
+    RunResult,
+    RunStatus,
+)
+from handlers.llm import ModelUnavailable, check_model, load_model
+from handlers.llm.base import (
+    AssistantTurn,
+    Feedback,
+    ProviderBusy,
+    ProviderRefused,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    Transcript,
+    bounded,
+)
+from handlers.llm.prompt import EMPTY_REPLY
+from handlers.objects.delivery import DeliveryFailure
+from handlers.security import links
+from handlers.security.links import LinkInvalid
+from handlers.security.redact import clean_failures, scrubbed
+from handlers.settings import get_settings
+from handlers.tools import default_registry
+
+
+class TaskSerde(Serde[AgentTask]):
+    """Parses `AgentTask`, turning a validation failure into a refused task instead of an exception
+    (the SDK would wrap it as a 500); `run` then ends with a 400 that carries the message."""
+
+    def deserialize(self, buf: bytes) -> AgentTask | None:
+        try:
+            return AgentTask.model_validate_json(buf or b"null")
+        except ValidationError as exc:
+            return AgentTask.refused(_validation_summary(exc))
+
+    def serialize(self, obj: AgentTask | None) -> bytes:
+        return obj.model_dump_json().encode() if obj is not None else b""
+
+
+def _validation_summary(exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors()[:8]:
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        problems.append(f"{where}: {err['msg']}")
+    return "invalid AgentTask: " + "; ".join(problems)
+
+
+agent_run = restate.Workflow(
+    "AgentRun",
+    description="An agent run that stops for a person's emailed approval before gated tool calls.",
+    invocation_context_managers=[clean_failures],
+)
+
+
+def _tool_specs() -> list[ToolSpec]:
+    return [
+        ToolSpec(
+            name=t.name,
+            description=t.description,
+            parameters=t.schema(),
+            approval=t.policy.describe(t.name),
+            gated=t.policy.gated,
+        )
+        for t in default_registry()
+    ]
+
+
+def _model_retries() -> RunOptions[Any]:
+    """Retries of one model turn: exponential from 1 s (or the provider's retry-after), bounded."""
+    return RunOptions[Any](
+        max_attempts=get_settings().model_max_attempts,
+        initial_retry_interval=timedelta(seconds=1),
+        max_retry_interval=timedelta(seconds=30),
+        max_duration=timedelta(minutes=15),
+    )
+
+
+class Turn(BaseModel):
+    """One journaled model turn: the model that answered (pinned by the first turn), its reply, and
+    the policy's answer for each of the reply's tool calls."""
+
+    model: str
+    reply: AssistantTurn
+    policies: list[PolicyAnswer | None]
+
+
+@scrubbed
+def _model_turn(model_id: str | None, task: AgentTask, transcript: Transcript) -> Turn:
+    """One model turn (the body of a journaled step): final refusals end the step, the rest retry."""
+    model_id = model_id or _pick_model(task.model)
+    try:
+        reply = bounded(load_model(model_id, task.script).next_turn(transcript, _tool_specs()))
+        return Turn(
+            model=model_id,
+            reply=reply,
+            policies=ask_policy(reply.tool_calls, requester=task.requester, tenant=task.tenant),
+        )
+    except (ProviderRefused, ModelUnavailable) as exc:
+        raise TerminalError(str(exc), 400) from None
+    except ProviderBusy as exc:
+        if exc.retry_after:
+            raise RetryableError(exc.message, 503, timedelta(seconds=exc.retry_after)) from None
+        raise
+
+
+def _pick_model(requested: str | None) -> str:
+    return requested or get_settings().model
+
+
+def _check_task(run_id: str, task: AgentTask) -> None:
+    if task.refusal:
+        raise TerminalError(task.refusal, 400)
+    if not links.RUN_ID.match(run_id):
+        raise TerminalError("run id must be 1-128 characters of A-Z a-z 0-9 . _ : - (starting alphanumeric)", 400)
+    if task.model is not None:
+        try:
+            check_model(task.model)
+        except ModelUnavailable as exc:
+            raise TerminalError(str(exc), 400) from None
+    if task.script is not None and (task.model or "scripted") != "scripted":
+        raise TerminalError("script is only for the scripted model", 400)
+
+
+@agent_run.main(name="run", input_serde=TaskSerde(), workflow_retention=retention.RUN)
+async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
+    """Run the agent loop until the model answers, the run is cancelled, or the turn budget ends."""
+    _check_task(ctx.key(), task)
+    book = RunBook(
+        ctx,
+        RunState(
+            run_id=ctx.key(), tenant=task.tenant, goal=task.goal, requester=task.requester, model=task.model or ""
+        ),
+    )
+    book.save()
+    try:
+        return await _agent_loop(ctx, task, book)
+    except TerminalError as exc:
+        if is_cancellation(exc):  # a hard cancel: what was audited until now still reaches the trail
+            ledger.flush(book)
+        raise
+
+
+async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> RunResult:
+    model_id = task.model
+    transcript = Transcript(goal=task.goal, requester=task.requester)
+    cancel = ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest)
+
+    malformed = 0
+    for turn in range(get_settings().agent_max_turns):
+        book.state.phase = "planning"
+        # Asked before the model turn and answered alongside it: no round trip of its own.
+        cancel_asked = cancel.peek()
+        try:
+            taken = await ctx.run_typed(
+                f"model turn {turn}",
+                _model_turn,
+                _model_retries(),
+                model_id=model_id,
+                task=task,
+                transcript=transcript,
+            )
+        except TerminalError as exc:
+            if is_cancellation(exc):
+                raise
+            retried = "" if exc.status_code == 400 else f" (gave up after {get_settings().model_max_attempts} attempts)"
+            if not book.state.model:
+                book.state.model = await ctx.run_typed("pin model", _pick_model, requested=task.model)
+            return _finish(book, "failed", f"The model call failed{retried}: {exc.message}")
+        model_id = book.state.model = taken.model
+        if (request := await cancel_asked) is not None:
+            return _finish(book, "cancelled", f"Cancelled: {request.reason}")
+        reply = taken.reply
+        transcript.turns.append(reply)
+        problem: str | None = None
+        if reply.empty:
+            problem = "the reply was empty"
+            transcript.turns.append(Feedback(text=EMPTY_REPLY))
+        elif not reply.tool_calls:
+            return _finish(book, "completed", reply.text)
+        book.state.phase = "acting"
+        try:
+            actions = await _act_on(book, reply.tool_calls, taken.policies)
+        except RunMustFail as exc:
+            return _finish(book, "failed", f"Stopped: {exc}")
+        for call, action in zip(reply.tool_calls, actions, strict=True):
+            transcript.turns.append(_tool_result(call.id, action))
+            if action.outcome is Outcome.INVALID:
+                problem = f"{call.name}: {(action.result or {}).get('error', 'invalid call')}"
+        if cancelled := [a for a in actions if a.outcome is Outcome.CANCELLED]:
+            return _finish(book, "cancelled", f"Cancelled while waiting for approval: {cancelled[0].reason}")
+        malformed = malformed + 1 if problem else 0
+        if malformed >= get_settings().model_max_malformed_turns:
+            return _finish(book, "failed", f"The model gave {malformed} malformed replies in a row (last: {problem}).")
+    return _finish(book, "failed", f"The agent did not finish within {get_settings().agent_max_turns} turns.")
+
+
+async def _act_on(book: RunBook, calls: list[ToolCall], policies: list[PolicyAnswer | None]) -> list[ActionRecord]:
+    """The turn's actions in the order of `calls`: unreadable calls (e.g. arguments that are not JSON)
+    are recorded as `invalid` first, without reaching a tool; the rest go to `handle_turn` together."""
+    unreadable: dict[int, ActionRecord] = {}
+    for position, call in enumerate(calls):
+        if call.problem is not None:
+            index = len(book.state.actions)
+            unreadable[position] = ActionRecord(
+                index=index, tool=call.name, proposed_args={}, outcome=Outcome.INVALID, result={"error": call.problem}
+            )
+            book.state.actions.append(unreadable[position])
+    book.save()
+    readable = [p for p, call in enumerate(calls) if call.problem is None]
+    answers = [policies[p] for p in readable]
+    handled = iter(await handle_turn(book, [calls[p] for p in readable], answers) if readable else [])
+    return [unreadable[p] if p in unreadable else next(handled) for p in range(len(calls))]
+
+
+def _tool_result(call_id: str, action: ActionRecord) -> ToolResult:
+    content: dict[str, Any] = {"outcome": action.outcome.value}
+    if action.result is not None:
+        content["result"] = action.result
+    if action.reason:
+        content["reason"] = action.reason
+    if action.result and "error" in action.result:
+        content["error"] = action.result["error"]
+    if action.edits:
+        content["edited_by_approver"] = {
+            name: {"proposed": action.proposed_args.get(name), "approved": value}
+            for name, value in action.edits.items()
+        }
+    if action.decision_source == "deadline_default":
+        content["decided_by"] = "the deadline's default, not a person"
+    return ToolResult(call_id=call_id, name=action.tool, outcome=action.outcome.value, content=content)
+
+
+def _finish(book: RunBook, status: str, answer: str) -> RunResult:
+    book.state.phase = status  # type: ignore[assignment]
+    book.state.answer = answer
+    book.save()
+    ledger.flush(book)
+    return RunResult(
+        run_id=book.state.run_id,
+        status=status,  # type: ignore[arg-type]
+        answer=answer,
+        model=book.state.model,
+        actions=book.state.actions,
+    )
+
+
+@agent_run.handler(name="status", journal_retention=retention.NO_JOURNAL)
+async def status(ctx: WorkflowSharedContext) -> RunStatus:
+    """Where the run is: phase, pending approvals with their age, and what happened so far. A
+    pending approval is read live from its own workflow (round, approvers, votes move there)."""
+    found = await run_status(ctx, ctx.key())
+    live = []
+    for record in found.approvals:
+        if record.state == "pending":
+            current = await ctx.workflow_call(approval_status, key=record.approval_id, arg=None)
+            record = next((a for a in current.approvals if a.approval_id == record.approval_id), record)
+        live.append(record)
+    now = time.time()
+    pending = [pending_of(a, now) for a in live if a.state == "pending"]
+    return found.model_copy(update={"approvals": live, "pending": pending})
+
+
+def _own(ctx: WorkflowSharedContext, approval_id: str) -> str:
+    """The approval id, if it is one of this run's; a 403 that decides nothing otherwise."""
+    if not approval_id.startswith(f"{ctx.key()}-a"):
+        raise TerminalError("This link is not valid.", 403)
+    return approval_id
+
+
+@agent_run.handler(name="decide")
+async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionReceipt:
+    """Record one approver's verdict: handed to the approval's own workflow, which re-verifies the
+    token and lets the first completion win."""
+    try:
+        claims = links.parse(decision.token)
+    except LinkInvalid as exc:
+        raise TerminalError(exc.reason, exc.status) from None
+    if claims.run_id != ctx.key():
+        raise TerminalError("This link is not valid.", 403)
+    key = links.approval_id(claims.run_id, claims.index)
+    return await ctx.workflow_call(approval_decide, key=key, arg=decision)
+
+
+@agent_run.handler(name="cancel")
+async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelReceipt:
+    """Stop the run: a pending approval resolves as `cancelled` and nothing further executes."""
+    state = await load_run(ctx, with_actions=False)
+    if state is None or state.phase in ("completed", "failed", "cancelled"):
+        return CancelReceipt(run_id=ctx.key(), accepted=False, cancelled_approvals=[])
+    cancelled = []
+    for record in state.approvals.values():
+        if record.state != "pending":
+            continue
+        receipt = await ctx.workflow_call(approval_cancel, key=record.approval_id, arg=request)
+        cancelled += receipt.cancelled_approvals
+    # Last, so that a run between turns stops at its next one; a waiting run hears from its approvals.
+    accepted = await complete(ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest), request)
+    return CancelReceipt(run_id=ctx.key(), accepted=accepted, cancelled_approvals=cancelled)
+
+
+@agent_run.handler(name="reassign")
+async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> ReassignReceipt:
+    """Hand a pending approval (one approver's part of it) to someone else, through the approval."""
+    return await ctx.workflow_call(approval_reassign, key=_own(ctx, request.approval_id), arg=request)
+
+
+# Private: kept for deployments whose deliveries still name the run; only Countersign calls it.
+@agent_run.handler(name="delivery_failed", ingress_private=True)
+async def delivery_failed(ctx: WorkflowSharedContext, failure: DeliveryFailure) -> bool:
+    """An approver's email bounced or was refused: handed to the approval (which decides what follows)."""
+    return await ctx.workflow_call(approval_delivery_failed, key=_own(ctx, failure.approval_id), arg=failure)

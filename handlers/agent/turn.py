@@ -1,0 +1,120 @@
+"""The calls of one model turn: validate each, ask the policy, run or gate, report in order.
+
+Guarantee: an unknown tool or invalid arguments become an `invalid` outcome the model can read,
+never a crash; the policy's answers are computed inside the model turn's journaled step (`ask_policy`),
+so neither a policy-file change nor an approver callable can re-route a replay; a policy that
+cannot name approvers for a call fails that call (the model reads why) and never runs it; the gated
+calls of one turn are asked together; every call gets a stable index `base + position`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ValidationError
+
+from handlers.approval.calls import GatedCall, approve_and_act, run_alone
+from handlers.approval.rounds import Opening, open_round
+from handlers.approval.run_state import RunBook
+from handlers.contract import ActionRecord, Outcome
+from handlers.llm.base import ToolCall
+from handlers.tools import default_registry
+from handlers.tools.policy import PolicyError, PolicyVerdict, evaluate
+from handlers.tools.registry import validation_message
+
+
+class RunMustFail(Exception):
+    """A tool's policy says an unanswered approval fails the whole run."""
+
+
+class PolicyAnswer(BaseModel):
+    """The policy's answer for one call; a gated call's first round opens with it. `problem` (and no
+    verdict) when the policy could not be resolved for the call."""
+
+    verdict: PolicyVerdict | None = None
+    opening: Opening | None = None
+    problem: str | None = None
+
+
+def ask_policy(calls: list[ToolCall], *, requester: str = "", tenant: str = "") -> list[PolicyAnswer | None]:
+    """The policy's answer for each call that reaches a tool (None for the others). Runs inside the
+    journaled step that took the model turn: one round trip for the reply and what the policy says of it."""
+    return [_answer(call, requester, tenant) for call in calls]
+
+
+def _answer(call: ToolCall, requester: str, tenant: str) -> PolicyAnswer | None:
+    tool = default_registry().get(call.name)
+    if call.problem is not None or tool is None:
+        return None
+    try:
+        args = tool.validate(call.args)
+    except ValidationError:
+        return None
+    try:
+        verdict = evaluate(call.name, tool.policy, args, requester=requester, tenant=tenant)
+    except PolicyError as exc:
+        return PolicyAnswer(problem=str(exc))
+    return PolicyAnswer(verdict=verdict, opening=open_round() if verdict.gated else None)
+
+
+async def handle_turn(book: RunBook, calls: list[ToolCall], answers: list[PolicyAnswer | None]) -> list[ActionRecord]:
+    """Every call of one turn, each with its outcome, in the order the model proposed them."""
+    base = len(book.state.actions)
+    done: dict[int, ActionRecord] = {}
+    gated: list[GatedCall] = []
+    for position, (call, answer) in enumerate(zip(calls, answers, strict=True)):
+        index = base + position
+        tool = default_registry().get(call.name)
+        if tool is None:
+            known = ", ".join(default_registry().names())
+            done[index] = _invalid(call, index, f"unknown tool {call.name!r}; available: {known}")
+            continue
+        try:
+            validated = tool.validate(call.args)
+        except ValidationError as exc:
+            done[index] = _invalid(call, index, f"invalid arguments: {validation_message(exc)}")
+            continue
+        args = validated.model_dump(mode="json")
+        if answer is None:  # only if the tool's schema changed under a paused run
+            done[index] = _invalid(call, index, "the tool changed since this call was proposed; propose it again")
+            continue
+        if answer.problem is not None or answer.verdict is None:
+            done[index] = ActionRecord(
+                index=index,
+                tool=call.name,
+                proposed_args=args,
+                outcome=Outcome.FAILED,
+                result={"error": f"not run: {answer.problem or 'the policy gave no answer'}"},
+            )
+            continue
+        if answer.opening is not None:
+            gated.append(
+                GatedCall(
+                    tool=call.name,
+                    index=index,
+                    args=args,
+                    why=call.why,
+                    summary=tool.summary(validated),
+                    verdict=answer.verdict,
+                    opening=answer.opening,
+                )
+            )
+            continue
+        state = book.state
+        done[index] = await run_alone(book.ctx, call.name, args, state.run_id, index, state.tenant, state.requester)
+    failure = None
+    if gated:
+        for result in await approve_and_act(book, gated):
+            done[result.action.index] = result.action
+            if result.fail_run and failure is None:
+                failure = f"{result.action.tool} #{result.action.index}: {result.action.reason}"
+    actions = [done[base + position] for position in range(len(calls))]
+    book.state.actions.extend(actions)
+    book.save()
+    if failure:
+        raise RunMustFail(failure)
+    return actions
+
+
+def _invalid(call: ToolCall, index: int, message: str) -> ActionRecord:
+    return ActionRecord(
+        index=index, tool=call.name, proposed_args=call.args, outcome=Outcome.INVALID, result={"error": message}
+    )

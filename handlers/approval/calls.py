@@ -1,0 +1,300 @@
+"""The gate's two public calls, for any Restate handler, and the agent's batched form of them.
+
+Guarantee: the caller's side of an approval is one journaled step (validate the arguments, ask the
+policy, open the first round: nonce and time) and one durable call to the `Approval` workflow, so a
+replay re-routes nothing and a crash of the caller loses nothing: the approval waits in its own
+workflow, and the caller, suspended on the call, resumes with its result on whatever process is
+alive. Works the same from a Workflow, a Virtual Object or a Service.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import restate
+from pydantic import BaseModel, Field, ValidationError
+from restate import RunOptions, TerminalError
+
+from handlers.approval import ledger
+from handlers.approval.gate import Act, GateResult, act_on_deferred, freeze
+from handlers.approval.rounds import Opening, open_round
+from handlers.approval.run_state import RunBook, RunFacts
+from handlers.approval.waiting import Waiter, notify_batch
+from handlers.approval.workflow import ApprovalRequest
+from handlers.approval.workflow import run as approval_run
+from handlers.contract import EMAIL_PATTERN, NAME_PATTERN, ActionRecord, DecisionSource, Outcome
+from handlers.security import links
+from handlers.tools import default_registry
+from handlers.tools.execute import idempotency_key, run_tool
+from handlers.tools.policy import PolicyError, PolicyVerdict, evaluate
+from handlers.tools.registry import Tool, validation_message
+
+_POLICY_STEP = RunOptions[Any](max_attempts=3, initial_retry_interval=timedelta(milliseconds=100))
+
+
+class ApprovalOutcome(BaseModel):
+    """What `request_approval` returns: the verdict and, when approved, the arguments approved."""
+
+    verdict: Outcome
+    """approved, approved_with_edits, rejected, expired, cancelled, undeliverable, failed (the approved
+    edits no longer validate), autonomous (the policy lets this call run alone), invalid (bad arguments)."""
+    args: dict[str, Any] | None = None
+    """The arguments to run: the frozen ones, or with the approver's edits (None unless approved)."""
+    proposed_args: dict[str, Any] = Field(default_factory=dict)
+    edits: dict[str, Any] | None = None
+    approved_by: list[str] = Field(default_factory=list)
+    reason: str | None = None
+    decision_source: DecisionSource | None = None
+    approval_id: str | None = None
+    run_id: str
+    index: int
+
+    @property
+    def approved(self) -> bool:
+        return self.verdict in (Outcome.APPROVED, Outcome.APPROVED_WITH_EDITS, Outcome.AUTONOMOUS)
+
+
+class _Asked(BaseModel):
+    """The journaled answer of the caller's one step: the validated call and what the policy says."""
+
+    args: dict[str, Any] = Field(default_factory=dict)
+    summary: str = ""
+    verdict: PolicyVerdict | None = None
+    opening: Opening | None = None
+    error: str | None = None
+    failed: bool = False
+    """The call was valid but its policy could not be resolved (`failed`, not `invalid`)."""
+
+
+def _ask(tool_name: str, raw: dict[str, Any], requester: str, tenant: str) -> _Asked:
+    tool = default_registry().get(tool_name)
+    if tool is None:
+        return _Asked(error=f"unknown tool {tool_name!r}; available: {', '.join(default_registry().names())}")
+    try:
+        validated = tool.validate(raw)
+    except ValidationError as exc:
+        return _Asked(error=f"invalid arguments: {validation_message(exc)}")
+    args = validated.model_dump(mode="json")
+    try:
+        verdict = evaluate(tool.name, tool.policy, validated, requester=requester, tenant=tenant)
+    except PolicyError as exc:  # e.g. approvers from a callable that named nobody valid: nothing runs
+        return _Asked(args=args, error=f"not run: {exc}", failed=True)
+    opening = open_round() if verdict.gated else None
+    return _Asked(args=args, summary=tool.summary(validated), verdict=verdict, opening=opening)
+
+
+# Calls made by one invocation, in order: the default index of the next one. The count restarts
+# with every attempt of the invocation and replays in the same order, so it is deterministic.
+_CALLS: weakref.WeakKeyDictionary[restate.Context, int] = weakref.WeakKeyDictionary()
+
+
+def _where(ctx: restate.Context, run_id: str | None, index: int | None) -> tuple[str, int]:
+    if index is None:
+        index = _CALLS.get(ctx, 0)
+        _CALLS[ctx] = index + 1
+    run_id = run_id or ctx.request().id
+    if not links.RUN_ID.match(run_id) or index < 0:
+        raise TerminalError("run_id must be 1-128 characters of A-Z a-z 0-9 . _ : - and index >= 0", 400)
+    return run_id, index
+
+
+def _check_people(requester: str, tenant: str) -> None:
+    if not re.match(EMAIL_PATTERN, requester):
+        raise TerminalError(f"requester {requester[:80]!r} is not an email address", 400)
+    if not re.match(NAME_PATTERN, tenant):
+        raise TerminalError(f"tenant {tenant[:80]!r} must match {NAME_PATTERN}", 400)
+
+
+async def _open(
+    ctx: restate.Context,
+    tool: str | Tool,
+    args: Mapping[str, Any],
+    requester: str,
+    tenant: str,
+    run_id: str | None,
+    index: int | None,
+) -> tuple[str, int, str, _Asked]:
+    _check_people(requester, tenant)
+    name = tool if isinstance(tool, str) else tool.name
+    where, at = _where(ctx, run_id, index)
+    asked = await ctx.run_typed(
+        f"ask policy {name} #{at}",
+        _ask,
+        _POLICY_STEP,
+        tool_name=name,
+        raw=dict(args),
+        requester=requester,
+        tenant=tenant,
+    )
+    return where, at, name, asked
+
+
+async def _approval(
+    ctx: restate.Context,
+    facts: RunFacts,
+    name: str,
+    index: int,
+    asked: _Asked,
+    why: str,
+    act: Act,
+) -> GateResult:
+    assert asked.verdict is not None and asked.opening is not None
+    tool = default_registry().get(name)
+    assert tool is not None
+    record = freeze(facts, tool, index, asked.args, why, asked.summary, asked.verdict, asked.opening)
+    request = ApprovalRequest(record=record, policy=asked.verdict, goal=facts.goal, model=facts.model, act=act)
+    return await ctx.workflow_call(approval_run, key=record.approval_id, arg=request)
+
+
+async def request_approval(
+    ctx: restate.Context,
+    *,
+    tool: str | Tool,
+    args: Mapping[str, Any],
+    requester: str,
+    tenant: str = "default",
+    why: str = "",
+    goal: str = "",
+    run_id: str | None = None,
+    index: int | None = None,
+) -> ApprovalOutcome:
+    """Ask a person before `tool` runs with `args`, and wait (durably, for days if need be) for the
+    decision. The policy of the tool decides whether to ask, whom, and how long to wait; nothing runs
+    here: an approved outcome carries the arguments to run (edited by the approver, if allowed).
+
+    `run_id` and `index` place the approval (its id is `<run_id>-a<index>`, the idempotency key of its
+    effect `<run_id>/<index>`); by default the invocation id and the count of earlier calls."""
+    where, at, name, asked = await _open(ctx, tool, args, requester, tenant, run_id, index)
+    base = ApprovalOutcome(verdict=Outcome.INVALID, run_id=where, index=at, proposed_args=asked.args or dict(args))
+    if asked.error is not None:
+        verdict = Outcome.FAILED if asked.failed else Outcome.INVALID
+        return base.model_copy(update={"verdict": verdict, "reason": asked.error})
+    if asked.opening is None:
+        return base.model_copy(update={"verdict": Outcome.AUTONOMOUS, "args": asked.args})
+    facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
+    result = await _approval(ctx, facts, name, at, asked, why, act="report")
+    action = result.action
+    return base.model_copy(
+        update={
+            "verdict": action.outcome,
+            "args": action.args,
+            "edits": action.edits,
+            "approved_by": action.approved_by,
+            "reason": action.reason,
+            "decision_source": action.decision_source,
+            "approval_id": action.approval_id,
+        }
+    )
+
+
+async def gated_call(
+    ctx: restate.Context,
+    *,
+    tool: str | Tool,
+    args: Mapping[str, Any],
+    requester: str,
+    tenant: str = "default",
+    why: str = "",
+    goal: str = "",
+    run_id: str | None = None,
+    index: int | None = None,
+) -> ActionRecord:
+    """The whole gated action: policy, then (if it asks) the approval, the precondition re-check and
+    the effect under its idempotency key `<run_id>/<index>`; the action's record (outcome, arguments as
+    executed, result). A call the policy lets run alone runs at once, in the caller's own step."""
+    where, at, name, asked = await _open(ctx, tool, args, requester, tenant, run_id, index)
+    if asked.error is not None:
+        outcome = Outcome.FAILED if asked.failed else Outcome.INVALID
+        return ActionRecord(
+            index=at, tool=name, proposed_args=dict(args), outcome=outcome, result={"error": asked.error}
+        )
+    if asked.opening is None:
+        return await run_alone(ctx, name, asked.args, where, at, tenant, requester)
+    facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
+    return (await _approval(ctx, facts, name, at, asked, why, act="execute")).action
+
+
+async def run_alone(
+    ctx: restate.Context, tool: str, args: dict[str, Any], run_id: str, index: int, tenant: str, requester: str
+) -> ActionRecord:
+    """A call the policy lets run without a person, as one step of the caller's journal."""
+    run = await run_tool(ctx, tool, args, index, run_id=run_id, tenant=tenant, requester=requester)
+    return ActionRecord(
+        index=index,
+        tool=tool,
+        proposed_args=args,
+        args=args,
+        outcome=Outcome.AUTONOMOUS if run.ok else Outcome.FAILED,
+        result=run.result if run.ok else {"error": run.error},
+        idempotency_key=idempotency_key(run_id, index),
+    )
+
+
+class GatedCall(BaseModel):
+    """One of a model turn's calls that the policy gates, with its journaled answer."""
+
+    tool: str
+    index: int
+    args: dict[str, Any]
+    why: str
+    summary: str
+    verdict: PolicyVerdict
+    opening: Opening
+
+
+async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateResult]:
+    """The gated calls of one of the agent's turns: frozen here, asked together (one email and one
+    page per approver when there are several), each decided in its own `Approval` workflow. A single
+    call is acted on there, as `gated_call` does; the calls of a batch run here, in order, once every
+    one of them is decided. The results in the order of `calls`."""
+    batch = [c.index for c in calls] if len(calls) > 1 else []
+    now = calls[-1].opening.now
+    records = []
+    for call in calls:
+        tool = default_registry().get(call.tool)
+        assert tool is not None  # the turn validated every gated call against the loaded tools
+        opening = Opening(nonce=call.opening.nonce, now=now)
+        records.append(
+            freeze(book.state, tool, call.index, call.args, call.why, call.summary, call.verdict, opening, batch)
+        )
+    for record in records:
+        book.state.approvals[record.approval_id] = record
+    book.state.phase = "awaiting_approval"
+    book.save()
+    delivered: list[int | None] = [None] * len(calls)
+    if batch:
+        waiters = [Waiter(book, r, c.verdict.policy) for r, c in zip(records, calls, strict=True)]
+        for waiter in waiters:
+            ledger.requested(book, waiter.record)
+        sent = await notify_batch(book, waiters)
+        delivered = [sent[i] for i in range(len(calls))]
+    # The run's own audit entries (a batch's request and emails) reach the trail before the approval's.
+    ledger.flush(book)
+    futures = [
+        book.ctx.workflow_call(
+            approval_run,
+            key=record.approval_id,
+            arg=ApprovalRequest(
+                record=record,
+                policy=call.verdict,
+                goal=book.state.goal,
+                model=book.state.model,
+                act="defer" if batch else "execute",
+                delivered=sent_,
+            ),
+        )
+        for record, call, sent_ in zip(records, calls, delivered, strict=True)
+    ]
+    decided = []
+    for future in futures:
+        result = await future
+        book.state.approvals[result.record.approval_id] = result.record
+        decided.append(result)
+    book.save()
+    results = [await act_on_deferred(book, result, call.verdict) for result, call in zip(decided, calls, strict=True)]
+    ledger.flush(book)
+    return results

@@ -1,0 +1,198 @@
+"""What the runs tell the world about their approvals: inboxes, the audit trail, the trust ramp.
+
+Guarantee: every notice is a journaled one-way send from the run (exactly-once delivery through
+Restate) with a deterministic audit entry id, so replays and retries neither lose nor repeat one.
+Inbox and trust notices go at once; audit entries are held and sent together by `flush`, which the
+run calls before it waits for a person, after each turn's approvals, when it ends and on a hard
+cancel (an email step still retrying holds back the entries since the last flush).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from handlers.approval.run_state import RunBook
+from handlers.approval.verdict import Verdict
+from handlers.contract import ActionRecord, ApprovalRecord
+from handlers.objects.audit import AuditEntries, AuditEntry, AuditKind, append_all
+from handlers.objects.inbox import InboxChange, InboxEntry, InboxEvent, apply
+from handlers.objects.trust import OutcomeSample, record
+
+
+def _entry(record_: ApprovalRecord) -> InboxEntry:
+    return InboxEntry(
+        approval_id=record_.approval_id,
+        run_id=record_.run_id,
+        tenant=record_.tenant,
+        tool=record_.tool,
+        summary=record_.summary,
+        digest=record_.digest,
+        round=record_.round,
+        requested_at=record_.requested_at,
+        deadline=record_.deadline,
+        reminders=record_.reminders_sent,
+    )
+
+
+def inbox(book: RunBook, record_: ApprovalRecord, change: InboxChange, slots: list[int], why: str = "") -> None:
+    for person in sorted({record_.approvers[s] for s in slots}):
+        book.ctx.object_send(apply, key=person, arg=InboxEvent(change=change, entry=_entry(record_), why=why))
+
+
+def audit(
+    book: RunBook,
+    record_: ApprovalRecord,
+    kind: AuditKind,
+    at: float,
+    entry_id: str,
+    actor: str | None = None,
+    **details: Any,
+) -> None:
+    entry = AuditEntry(
+        entry_id=f"{kind}/{entry_id}",
+        approval_id=record_.approval_id,
+        run_id=record_.run_id,
+        tenant=record_.tenant,
+        kind=kind,
+        at=at,
+        actor=actor,
+        details=details,
+    )
+    book.unsent_audit.append(entry)
+
+
+def flush(book: RunBook) -> None:
+    """Send the audit entries held back so far: one call per approval, in the order they happened."""
+    by_approval: dict[str, list[AuditEntry]] = {}
+    for entry in book.unsent_audit:
+        by_approval.setdefault(entry.approval_id, []).append(entry)
+    for approval_id, entries in by_approval.items():
+        book.ctx.object_send(append_all, key=approval_id, arg=AuditEntries(entries=entries))
+    book.unsent_audit.clear()
+
+
+def requested(book: RunBook, record_: ApprovalRecord) -> None:
+    inbox(book, record_, "add", record_.active_slots)
+    audit(
+        book,
+        record_,
+        "requested",
+        record_.round_started_at,
+        f"r{record_.round}",
+        summary=record_.summary,
+        tool=record_.tool,
+        args=record_.args,
+        digest=record_.digest,
+        why=record_.why,
+        policy=record_.policy,
+        approvers=[record_.approvers[s] for s in record_.active_slots],
+        quorum=record_.quorum,
+        deadline=record_.deadline,
+        model=book.state.model,
+        change_note=record_.change_note,
+    )
+
+
+def voted(book: RunBook, record_: ApprovalRecord, verdict: Verdict) -> None:
+    inbox(book, record_, "remove", [verdict.slot], why=verdict.kind)
+    audit(
+        book,
+        record_,
+        "decided",
+        verdict.at,
+        f"r{verdict.round}/s{verdict.slot}",
+        actor=verdict.by,
+        verdict=verdict.kind,
+        reason=verdict.reason,
+        edits=verdict.edits,
+        client=verdict.client,
+        source=verdict.source,
+    )
+
+
+def handed_over(
+    book: RunBook,
+    record_: ApprovalRecord,
+    old_slots: list[int],
+    kind: AuditKind,
+    at: float,
+    actor: str | None = None,
+    **details: Any,
+) -> None:
+    """After an escalation or a reassignment opened a new round: old approvers out, new ones in.
+    `actor` is who asked for a reassignment."""
+    inbox(book, record_, "remove", [s for s in old_slots if s not in record_.active_slots], why=kind)
+    audit(
+        book,
+        record_,
+        kind,
+        at,
+        f"r{record_.round}",
+        actor=actor,
+        previous=[record_.approvers[s] for s in old_slots],
+        now=[record_.approvers[s] for s in record_.active_slots],
+        **details,
+    )
+    requested(book, record_)
+
+
+def reminded(book: RunBook, record_: ApprovalRecord, slots: list[int], at: float) -> None:
+    inbox(book, record_, "remind", slots)
+    audit(book, record_, "reminded", at, f"r{record_.round}/n{record_.reminders_sent}")
+
+
+def emailed(book: RunBook, record_: ApprovalRecord, slot: int, kind: str, provider_id: str, at: float) -> None:
+    audit(
+        book,
+        record_,
+        "email_accepted",
+        at,
+        f"{kind}/r{record_.round}/s{slot}/n{record_.reminders_sent}",
+        to=record_.approvers[slot],
+        email=kind,
+        provider_id=provider_id,
+    )
+
+
+def closed(book: RunBook, record_: ApprovalRecord, slots: list[int], why: str) -> None:
+    """Off the inboxes of those still deciding (`voted` already took off those who decided)."""
+    decided = {v.slot for v in record_.votes if v.round == record_.round and v.kind in ("approve", "reject")}
+    inbox(book, record_, "remove", [s for s in slots if s not in decided], why=why)
+
+
+def finished(book: RunBook, record_: ApprovalRecord, action: ActionRecord, at: float) -> None:
+    """The action's end: executed (if it ran), the final outcome, and a trust-ramp sample."""
+    if action.args is not None:
+        audit(
+            book,
+            record_,
+            "executed",
+            at,
+            "0",
+            result=action.result,
+            args=action.args,
+            idempotency_key=action.idempotency_key,
+        )
+    audit(
+        book,
+        record_,
+        "outcome",
+        at,
+        "0",
+        actor=record_.decided_by,
+        outcome=action.outcome.value,
+        source=action.decision_source,
+        reason=action.reason,
+        approved_by=action.approved_by,
+    )
+    human = action.decision_source == "human"
+    sample = OutcomeSample(
+        approval_id=record_.approval_id,
+        outcome=action.outcome.value,
+        human=human,
+        seconds_to_decision=round(record_.decided_at - record_.requested_at, 3)
+        if human and record_.decided_at
+        else None,
+        edited=bool(action.edits),
+    )
+    book.ctx.object_send(record, key=record_.tool, arg=sample)

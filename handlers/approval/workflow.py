@@ -1,0 +1,384 @@
+"""`Approval`: one gated action's approval as its own Restate workflow (key = approval id).
+
+Guarantee: the workflow owns everything the decision needs: the frozen record, the decision promise
+of every approver slot and round, the reminders, escalation and deadline timers, the audit trail, and
+(for `gated_call`) the precondition re-check and the effect under its idempotency key. A caller of any
+kind (Workflow, Virtual Object, Service) starts it and awaits its result with `ctx.workflow_call`, so
+the wait is as durable as the approval whatever the caller's own context can do. Links, pages,
+`decide`, `cancel`, `reassign` and bounces address the approval by id; the first completion of a
+slot's promise wins, and every later one is refused by Restate.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+import restate
+from pydantic import BaseModel
+from restate import DurablePromise, TerminalError, WorkflowContext, WorkflowSharedContext
+
+from handlers import retention
+from handlers.approval import confirm
+from handlers.approval.edits import EditRejected, apply_edits
+from handlers.approval.gate import Act, GateResult, decide_and_act
+from handlers.approval.run_state import RunBook, RunState, load_approval, load_header, load_run
+from handlers.approval.verdict import CANCEL_PROMISE, Verdict, is_already_completed, slot_promise
+from handlers.contract import (
+    ApprovalRecord,
+    CancelReceipt,
+    CancelRequest,
+    Decision,
+    DecisionReceipt,
+    PageView,
+    PendingApproval,
+    ReassignReceipt,
+    ReassignRequest,
+    RunStatus,
+)
+from handlers.objects.audit import AuditEntry, append
+from handlers.objects.delivery import DeliveryFailure, slot_verdict
+from handlers.security import links
+from handlers.security.links import LinkInvalid, LinkState
+from handlers.security.redact import clean_failures
+from handlers.settings import get_settings
+from handlers.tools import default_registry
+from handlers.tools.policy import PolicyVerdict
+
+SERVICE = "Approval"
+
+approval = restate.Workflow(
+    SERVICE,
+    description="One gated action's approval: emailed, waited on durably, decided by a person, acted on.",
+    invocation_context_managers=[clean_failures],
+)
+
+
+class ApprovalRequest(BaseModel):
+    """Input of `Approval.run`: the call frozen by its caller, and how to proceed once decided."""
+
+    record: ApprovalRecord
+    policy: PolicyVerdict
+    goal: str = ""
+    model: str = ""
+    act: Act = "execute"
+    """What happens once decided: see `handlers.approval.gate.Act`."""
+    delivered: int | None = None
+    """Set when the caller already emailed the request (a batch): how many sends were accepted."""
+
+
+# Private: a caller's own journaled step freezes what this runs; through the ingress anyone could
+# start an approval of any arguments, for any approvers.
+@approval.main(name="run", workflow_retention=retention.RUN, ingress_private=True)
+async def run(ctx: WorkflowContext, request: ApprovalRequest) -> GateResult:
+    """Ask, wait for the decision (reminders, escalation, quorum, deadline), then act on it."""
+    record = request.record
+    if ctx.key() != record.approval_id or not links.RUN_ID.match(record.run_id):
+        raise TerminalError("the approval id must be the workflow key, and the run id well-formed", 400)
+    if default_registry().get(record.tool) is None:
+        raise TerminalError(f"unknown tool {record.tool!r}", 400)
+    state = RunState(
+        run_id=record.run_id, tenant=record.tenant, goal=request.goal, requester=record.requester, model=request.model
+    )
+    book = RunBook(ctx, state)
+    return await decide_and_act(book, record, request.policy, act=request.act, delivered=request.delivered)
+
+
+@approval.handler(name="status", journal_retention=retention.NO_JOURNAL)
+async def status(ctx: WorkflowSharedContext) -> RunStatus:
+    """The approval as its workflow last saved it, in the shape of a run's status."""
+    return await run_status(ctx, ctx.key())
+
+
+async def run_status(ctx: WorkflowSharedContext, key: str) -> RunStatus:
+    """A run's (or an approval's) status from the workflow state it keeps; `AgentRun.status` shares it."""
+    state = await load_run(ctx)
+    if state is None:
+        return RunStatus(run_id=key, phase="unknown")
+    # A read-only answer that nothing decides on; journaling the clock would cost a round trip per read.
+    now = time.time()
+    return RunStatus(
+        run_id=state.run_id,
+        phase=state.phase,
+        goal=state.goal,
+        requester=state.requester,
+        model=state.model or None,
+        pending=[pending_of(a, now) for a in state.approvals.values() if a.state == "pending"],
+        approvals=list(state.approvals.values()),
+        history=state.actions,
+        answer=state.answer,
+    )
+
+
+def pending_of(record: ApprovalRecord, now: float) -> PendingApproval:
+    return PendingApproval(
+        approval_id=record.approval_id,
+        tool=record.tool,
+        args=record.args,
+        digest=record.digest,
+        approvers=[record.approvers[s] for s in record.active_slots],
+        quorum=record.quorum,
+        approvals=len(record.approvals_in_round()),
+        round=record.round,
+        escalated=record.escalations > 0,
+        deadline=record.deadline,
+        age_seconds=round(now - record.requested_at, 3),
+    )
+
+
+async def _record(ctx: WorkflowSharedContext) -> ApprovalRecord | None:
+    header = await load_header(ctx)
+    return await load_approval(ctx, header, ctx.key()) if header else None
+
+
+class LinkCheck(BaseModel):
+    """Journaled result of checking a token, so a key rotation cannot change a replayed branch."""
+
+    state: LinkState | Literal["invalid"]
+    reason: str = ""
+    status: int = 200
+    slot: int = -1
+    now: float
+
+
+def _check_link(token: str, record: ApprovalRecord) -> LinkCheck:
+    now = time.time()
+    try:
+        claims, state = links.check(token, record, get_settings().approvals_signing_keys, now)
+    except LinkInvalid as exc:
+        return LinkCheck(state="invalid", reason=exc.reason, status=exc.status, now=now)
+    return LinkCheck(state=state, slot=claims.slot, now=now)
+
+
+@approval.handler(name="decide")
+async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionReceipt:
+    """Record one approver's verdict. Re-verifies the link token itself; the first completion wins."""
+    try:
+        claims = links.parse(decision.token)
+    except LinkInvalid as exc:
+        raise TerminalError(exc.reason, exc.status) from None
+    record = await _record(ctx) if links.approval_id(claims.run_id, claims.index) == ctx.key() else None
+    if record is None:
+        raise TerminalError("This link is not valid.", 403)
+    check = await ctx.run_typed("verify link", _check_link, token=decision.token, record=record)
+    if check.state == "invalid":
+        raise TerminalError(check.reason, check.status)
+
+    promise = ctx.promise(slot_promise(record.approval_id, claims.round, claims.slot), type_hint=Verdict)
+    # An authentic link whose slot is already decided learns by whom, whatever its round or expiry.
+    if (winner := await promise.peek()) is not None:
+        return _receipt(record, winner, accepted=False)
+    if check.state == "replaced":
+        raise TerminalError("This link was replaced by a newer one; use the most recent email.", 410)
+    if check.state == "expired":
+        raise TerminalError("This link has expired.", 410)
+    reason = decision.reason.strip()
+    if decision.verdict == "reject" and not reason:
+        raise TerminalError("A reason is required to reject.", 400)
+    edits = _checked_edits(record, decision)
+    wanted = confirm.expected(record, edits) if decision.verdict == "approve" else None
+    if wanted is not None and not confirm.matches(decision.confirm, wanted):
+        raise TerminalError(confirm.REFUSAL, 400)
+    verdict = Verdict(
+        kind=decision.verdict,
+        slot=claims.slot,
+        round=claims.round,
+        digest=record.digest,
+        at=check.now,
+        by=record.approvers[claims.slot],
+        reason=reason or None,
+        edits=edits or None,
+        client=decision.client,
+    )
+    try:
+        await promise.resolve(verdict)
+    except TerminalError as exc:
+        if not is_already_completed(exc):
+            raise
+        return _receipt(record, await promise.value(), accepted=False)
+    return _receipt(record, verdict, accepted=True)
+
+
+def _checked_edits(record: ApprovalRecord, decision: Decision) -> dict[str, Any]:
+    """The fields the approver actually changed, validated; a 400 that decides nothing otherwise."""
+    proposed = {k: v for k, v in decision.edits.items() if str(record.args.get(k)) != v}
+    if not proposed:
+        return {}
+    if decision.verdict != "approve":
+        raise TerminalError("Edits go with an approval, not a rejection.", 400)
+    tool = default_registry().get(record.tool)
+    if tool is None or not record.editable:
+        raise TerminalError("This action cannot be edited.", 400)
+    try:
+        return apply_edits(tool, record.args, proposed)[1]
+    except EditRejected as exc:
+        raise TerminalError(str(exc), 400) from None
+
+
+_SLOT_STATE = {
+    "reassign": "reassigned",
+    "reject": "rejected",
+    "expire": "expired",
+    "cancel": "cancelled",
+    "escalate": "escalated",
+    "undeliverable": "undeliverable",
+}
+
+
+def _receipt(record: ApprovalRecord, verdict: Verdict, *, accepted: bool) -> DecisionReceipt:
+    return DecisionReceipt(
+        accepted=accepted,
+        approval_id=record.approval_id,
+        state=_slot_state(verdict),
+        decided_by=verdict.by,
+        decided_at=verdict.at,
+        reason=verdict.reason,
+        edits=verdict.edits,
+        quorum=record.quorum,
+    )
+
+
+def _slot_state(verdict: Verdict) -> str:
+    """How one approver's decision point ended (a receipt's `state`), which may differ from the
+    approval's: a slot closed by a reassignment or an escalation says so."""
+    if verdict.kind == "approve":
+        return "approved_with_edits" if verdict.edits else "approved"
+    if verdict.kind == "close":
+        return verdict.closes_as or "closed"
+    return _SLOT_STATE[verdict.kind]
+
+
+@approval.handler(name="cancel")
+async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelReceipt:
+    """Close a pending approval as `cancelled`: nothing executes. Not accepted once it is decided."""
+    record = await _record(ctx)
+    if record is None or record.state != "pending":
+        return CancelReceipt(run_id=record.run_id if record else "", accepted=False, cancelled_approvals=[])
+    now = await ctx.time()
+    won = False
+    for slot in record.active_slots:
+        verdict = Verdict(
+            kind="cancel",
+            slot=slot,
+            round=record.round,
+            digest=record.digest,
+            at=now,
+            reason=request.reason,
+            source="system",
+        )
+        promise = ctx.promise(slot_promise(record.approval_id, record.round, slot), type_hint=Verdict)
+        won = await complete(promise, verdict) or won
+    # Last, so that the waiting workflow sees its slots closed as cancelled by this call.
+    await complete(ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest), request)
+    return CancelReceipt(run_id=record.run_id, accepted=won, cancelled_approvals=[record.approval_id] if won else [])
+
+
+@approval.handler(name="reassign")
+async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> ReassignReceipt:
+    """Hand a pending approval (one approver's part of it) to someone else: a new round starts and
+    older links stop working. A 400 that changes nothing when the request does not fit."""
+    record = await _record(ctx) if request.approval_id == ctx.key() else None
+    if record is None or record.state != "pending":
+        raise TerminalError(f"no pending approval {request.approval_id}", 404)
+    to = request.to.lower()
+    # Journaled: the policy file and the settings decide this branch, and a replay must take the same one.
+    refusal = await ctx.run_typed("check reassign target", _reassign_refusal, tool=record.tool, to=to)
+    if refusal:
+        raise TerminalError(refusal, 403)
+    if to in (record.approvers[s] for s in record.active_slots):
+        raise TerminalError(f"{to} already decides this approval (one person counts once)", 400)
+    voted = {v.slot for v in record.votes if v.round == record.round}
+    open_slots = [s for s in record.active_slots if s not in voted]
+    if request.replacing:
+        open_slots = [s for s in open_slots if record.approvers[s] == request.replacing.lower()]
+    if len(open_slots) != 1:
+        raise TerminalError("say which approver to replace (--from): several, or none, are still deciding", 400)
+    slot = open_slots[0]
+    now = await ctx.time()
+    verdict = Verdict(
+        kind="reassign",
+        slot=slot,
+        round=record.round,
+        digest=record.digest,
+        at=now,
+        source="system",
+        reason=request.reason or f"reassigned to {to}",
+        to=to,
+        asked_by=request.by or "operator",
+    )
+    accepted = await complete(
+        ctx.promise(slot_promise(record.approval_id, record.round, slot), type_hint=Verdict), verdict
+    )
+    return ReassignReceipt(
+        approval_id=record.approval_id, accepted=accepted, replaced=record.approvers[slot], to=to, by=verdict.asked_by
+    )
+
+
+def _reassign_refusal(tool: str, to: str) -> str:
+    """Empty when the policy lets `to` decide `tool`: one of its approvers or escalation chain, or an
+    address or domain in APPROVALS_REASSIGN_ALLOWED. Otherwise why not (nothing is changed)."""
+    known = default_registry().get(tool)
+    policy_people = set(known.policy.approvers) | set(known.policy.escalate_to) if known else set()
+    if to in policy_people or get_settings().may_reassign_to(to):
+        return ""
+    return (
+        f"{to} may not decide {tool}: reassign only to its approvers or escalation chain, "
+        "or to an address or @domain listed in APPROVALS_REASSIGN_ALLOWED"
+    )
+
+
+@approval.handler(name="viewed", journal_retention=retention.NO_JOURNAL)
+async def viewed(ctx: WorkflowSharedContext, view: PageView) -> None:
+    """An approval page was opened: a `page_viewed` audit entry, at most one per approver slot, round
+    and minute. Re-verifies the link itself (the audit trail cannot be written from the ingress)."""
+    try:
+        claims = links.parse(view.token)
+    except LinkInvalid as exc:
+        raise TerminalError(exc.reason, exc.status) from None
+    record = await _record(ctx) if links.approval_id(claims.run_id, claims.index) == ctx.key() else None
+    if record is None:
+        raise TerminalError("This link is not valid.", 403)
+    check = await ctx.run_typed("verify link", _check_link, token=view.token, record=record)
+    if check.state == "invalid":
+        raise TerminalError(check.reason, check.status)
+    entry = AuditEntry(
+        entry_id=f"page_viewed/r{record.round}/s{claims.slot}/m{int(check.now // 60)}",
+        approval_id=record.approval_id,
+        run_id=record.run_id,
+        tenant=record.tenant,
+        kind="page_viewed",
+        at=check.now,
+        actor=record.approvers[claims.slot],
+        details={"user_agent": view.client[:200]},
+    )
+    # The idempotency key folds the views of one minute into the first: a second view is not a
+    # conflicting entry with the same id, it is not sent at all.
+    ctx.object_send(append, key=record.approval_id, arg=entry, idempotency_key=f"audit/{entry.entry_id}")
+
+
+# Private: only `EmailDelivery.record` calls it, after a verified provider event.
+@approval.handler(name="delivery_failed", ingress_private=True)
+async def delivery_failed(ctx: WorkflowSharedContext, failure: DeliveryFailure) -> bool:
+    """An approver's email bounced or was refused: that approver cannot decide this round. The
+    workflow then waits for the others, escalates, or ends the approval `undeliverable`. False for a
+    stale failure."""
+    record = await _record(ctx)
+    if record is None:
+        return False
+    verdict = slot_verdict(record, failure, await ctx.time())
+    if verdict is None:
+        return False
+    return await complete(
+        ctx.promise(slot_promise(record.approval_id, record.round, failure.slot), type_hint=Verdict), verdict
+    )
+
+
+async def complete(promise: DurablePromise[Any], value: Any) -> bool:
+    """Resolve unless already completed; True if this call's value won."""
+    try:
+        await promise.resolve(value)
+    except TerminalError as exc:
+        if not is_already_completed(exc):
+            raise
+        return False
+    return True

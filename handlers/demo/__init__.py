@@ -1,0 +1,1 @@
+"""The demo tools and their SQLite business database."""

@@ -1,0 +1,1 @@
+"""The side objects beside the approvals: inbox, audit trail, trust figures, email delivery."""

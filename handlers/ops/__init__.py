@@ -1,0 +1,1 @@
+"""The operator CLI and what its commands do."""

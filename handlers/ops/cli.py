@@ -1,0 +1,215 @@
+"""Command line: `python -m handlers dev | serve | pending | show | reassign | cancel | inbox | audit | stats |
+decode`.
+
+Guarantee: bad arguments print a usage error (exit 2), refused or failed operations a one-line
+reason (exit 1); never a traceback. `--json` gives scripts the same facts the tables show people.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _bind(value: str) -> str:
+    if not re.match(r"^[\w.\[\]:-]+:\d{1,5}$", value):
+        raise argparse.ArgumentTypeError("expected HOST:PORT, e.g. 127.0.0.1:9080")
+    return value
+
+
+def _email(value: str) -> str:
+    from handlers.contract import EMAIL_PATTERN  # what the handlers accept, so a refusal is a usage error
+
+    if not re.fullmatch(EMAIL_PATTERN, value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not an email address")
+    return value
+
+
+def _asker(value: str) -> str:
+    if not 1 <= len(value.strip()) <= 200:
+        raise argparse.ArgumentTypeError("--by takes 1-200 characters naming who asks")
+    return value.strip()
+
+
+def _operator() -> str:
+    """Who runs the CLI, as the login name says (the default of `reassign --by`)."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no login name (a container without a passwd entry)
+        return "cli"
+
+
+def _duration(value: str) -> int:
+    from handlers.ops.operations import OperationError, seconds
+
+    try:
+        return seconds(value)
+    except OperationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="python -m handlers", description="Countersign: emailed approval for agents.")
+    commands = root.add_subparsers(dest="command", required=True)
+    dev = commands.add_parser("dev", help="run restate-server, the handlers and registration locally")
+    dev.add_argument("--demo", action="store_true", help="also start one demo run (a $612.40 refund)")
+    serve = commands.add_parser(
+        "serve", help="serve the handlers only (for deployment); the Restate endpoint on RESTATE_ENDPOINT_BIND"
+    )
+    serve.add_argument(
+        "--bind", type=_bind, default="127.0.0.1:9080", help="HOST:PORT of the pages (default 127.0.0.1:9080)"
+    )
+
+    pending = commands.add_parser("pending", help="approvals waiting for a decision, oldest first")
+    pending.add_argument("--approver", type=_email)
+    pending.add_argument("--tool")
+    pending.add_argument("--older-than", type=_duration, metavar="AGE", help="e.g. 2h, 7d")
+    show = commands.add_parser("show", help="one run: phase, approvals, history, audit")
+    show.add_argument("run_id")
+    reassign = commands.add_parser("reassign", help="hand a pending approval to someone else (old links die)")
+    reassign.add_argument("approval_id")
+    reassign.add_argument("--to", type=_email, required=True)
+    reassign.add_argument("--from", dest="replacing", type=_email, help="whom to replace, when several decide")
+    reassign.add_argument("--reason", default="")
+    reassign.add_argument("--by", type=_asker, default=None, help="who asks, for the audit trail (default: cli:$USER)")
+    cancel = commands.add_parser("cancel", help="cancel a run, or every run waiting longer than --older-than")
+    cancel.add_argument("run_id", nargs="?")
+    cancel.add_argument("--older-than", type=_duration, metavar="AGE")
+    cancel.add_argument("--reason", required=True)
+    inbox = commands.add_parser("inbox", help="an approver's inbox links")
+    inbox_commands = inbox.add_subparsers(dest="inbox_command", required=True)
+    revoke = inbox_commands.add_parser(
+        "revoke", help="every inbox link issued to this approver until now stops working (newer ones work)"
+    )
+    revoke.add_argument("approver", type=_email)
+    audit = commands.add_parser("audit", help="export or verify the hash-chained audit trail")
+    audit_commands = audit.add_subparsers(dest="audit_command", required=True)
+    export = audit_commands.add_parser("export", help="JSON Lines of every audit entry")
+    export.add_argument("--run", dest="run_id")
+    export.add_argument("--out", type=Path)
+    check = audit_commands.add_parser("verify", help="detect changed, removed or reordered entries")
+    check.add_argument("file", type=Path, nargs="?", help="an export (default: standard input)")
+    check.add_argument("--offline", action="store_true", help="check the chains only, not against Restate")
+    commands.add_parser("stats", help="the trust ramp: per-tool decision figures")
+    for sub in (pending, show, reassign, cancel, revoke, check, commands.choices["stats"]):
+        sub.add_argument("--json", action="store_true", help="machine-readable output")
+    commands.add_parser(
+        "decode",
+        help="open a sealed journal value or ingress answer read from stdin (COUNTERSIGN_JOURNAL_KEYS, "
+        "else the dev stack's key)",
+    )
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "dev":
+        from handlers.runtime.devstack import run_dev
+
+        return run_dev(args.demo)
+    if args.command == "decode":
+        from handlers.runtime.devstack import decode_stdin
+
+        return decode_stdin()
+    if args.command == "serve":
+        return _serve(args.bind)
+    if args.command == "cancel" and bool(args.run_id) == bool(args.older_than):
+        parser().error("cancel takes a RUN_ID or --older-than, not both or neither")
+    from handlers.ops.operations import OperationError
+
+    try:
+        return _operate(args)
+    except OperationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _serve(bind: str) -> int:
+    from handlers.runtime import startup
+    from handlers.runtime.server import listeners, serve
+    from handlers.settings import get_settings
+
+    startup.configure_logging()
+    settings = get_settings()
+    startup.check(settings)
+    asyncio.run(serve(*listeners(settings, bind)))
+    return 0
+
+
+def _operate(args: argparse.Namespace) -> int:
+    from handlers.ops.operations import Operations, read_lines
+    from handlers.settings import get_settings
+
+    ops = Operations(get_settings())
+    if args.command == "pending":
+        rows = ops.pending(approver=args.approver, tool=args.tool, older_than=args.older_than, now=time.time())
+        return _out(args, rows, ["approval_id", "tool", "summary", "approvers", "age_seconds", "left_seconds"])
+    if args.command == "show":
+        return _out(args, ops.show(args.run_id))
+    if args.command == "reassign":
+        return _out(args, ops.reassign(args.approval_id, args.to, args.replacing, args.reason, args.by or _operator()))
+    if args.command == "cancel":
+        if args.run_id:
+            return _out(args, ops.cancel(args.run_id, args.reason))
+        rows = ops.cancel_older_than(args.older_than, args.reason, time.time())
+        return _out(args, rows, ["run_id", "accepted", "cancelled_approvals"])
+    if args.command == "inbox":
+        return _out(args, ops.inbox_revoke(args.approver))
+    if args.command == "stats":
+        tools = ops.stats()["tools"]
+        columns = [
+            "tool",
+            "total",
+            "human_decisions",
+            "approval_rate",
+            "rejection_rate",
+            "edit_rate",
+            "expiry_rate",
+            "median_seconds_to_decision",
+            "p90_seconds_to_decision",
+            "graduation_hint",
+        ]
+        return _out(args, tools, columns)
+    if args.audit_command == "export":
+        lines = list(ops.audit_export(args.run_id))
+        text = "".join(f"{line}\n" for line in lines)
+        if args.out:
+            args.out.write_text(text, encoding="utf-8")
+            print(f"{len(lines)} entries written to {args.out}", file=sys.stderr)
+        else:
+            sys.stdout.write(text)
+        return 0
+    problems = ops.audit_verify(read_lines(args.file), live=not args.offline)
+    if args.json:
+        print(json.dumps({"ok": not problems, "problems": problems}))
+    else:
+        print("\n".join(problems) if problems else "audit trail intact")
+    return 1 if problems else 0
+
+
+def _out(args: argparse.Namespace, data: Any, columns: Sequence[str] | None = None) -> int:
+    if getattr(args, "json", False) or columns is None:
+        print(json.dumps(data, indent=None if getattr(args, "json", False) else 2, default=str))
+        return 0
+    rows = [[_cell(row.get(c)) for c in columns] for row in data]
+    widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
+    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    if not rows:
+        print("(none)")
+    return 0
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return "" if value is None else str(value)

@@ -1,0 +1,46 @@
+"""Checks run once before serving: the process refuses to start on bad configuration.
+
+Guarantee: missing signing keys, an unreadable policy file, tools that do not load
+(COUNTERSIGN_TOOLS), an unknown default model, an unwritable outbox or a `COUNTERSIGN_SERVICES` entry
+that cannot be served stop the process with a one-line reason, before any request is accepted; so do
+missing request identity keys or journal keys outside dev/test (an endpoint anyone could invoke, a
+journal in plaintext).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from handlers.llm import ModelUnavailable, check_model
+from handlers.runtime.services import ServicesError, endpoint_services
+from handlers.settings import Settings, require_production_keys, require_signing_keys
+from handlers.tools import default_registry
+
+log = logging.getLogger("handlers.runtime.startup")
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("restate", "hypercorn.error", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def check(settings: Settings) -> None:
+    require_signing_keys(settings)
+    tools = default_registry()
+    try:
+        check_model(settings.model)
+    except ModelUnavailable as exc:
+        raise SystemExit(f"MODEL: {exc}") from None
+    if not settings.resend_api_key:
+        try:
+            settings.approvals_outbox_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SystemExit(f"APPROVALS_OUTBOX_DIR {settings.approvals_outbox_dir}: {exc}") from None
+    require_production_keys(settings)
+    try:
+        endpoint_services(settings)
+    except ServicesError as exc:
+        raise SystemExit(str(exc)) from None
+    # Only once everything checked out, so that a refusal is the one line the process prints.
+    log.info("tools: %s: %s", tools.source, ", ".join(tools.names()))

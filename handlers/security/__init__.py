@@ -1,0 +1,1 @@
+"""Links, the journal codec, request identity, redaction and text safety."""
