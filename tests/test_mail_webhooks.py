@@ -21,9 +21,10 @@ from support.processes import IsolatedStack, free_port, wait_until
 from support.records import approval_record
 from test_security_journal import everything_restate_holds
 
+from handlers.approval.tally import slot_verdict
 from handlers.contract import ApprovalRecord, Vote
 from handlers.mail.intent import tag_value
-from handlers.objects.delivery import DeliveryFailure, slot_verdict
+from handlers.objects.delivery import DeliveryFailure
 from handlers.security.codec import ENVELOPE, JournalCipher
 from handlers.settings import Settings, parse_journal_keys
 from handlers.web.webhooks import ResendWebhooks

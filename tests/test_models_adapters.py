@@ -318,8 +318,9 @@ def test_a_missing_sdk_extra_names_the_extra(provider_settings: pytest.MonkeyPat
 
 
 def _serve(env: dict[str, str], prelude: str = "") -> subprocess.CompletedProcess[str]:
-    serve = "sys.exit(main(['serve', '--bind', '127.0.0.1:9']))"
-    code = f"{prelude}\nimport sys\nfrom handlers.ops.cli import main\n{serve}"
+    code = (
+        f"{prelude}\nimport sys\nfrom handlers.ops.cli import main\nsys.exit(main(['serve', '--bind', '127.0.0.1:9']))"
+    )
     full_env: dict[str, Any] = {
         **os.environ,
         "APPROVALS_SIGNING_KEYS": "k1:" + "s" * 40,

@@ -52,8 +52,9 @@ def test_the_public_api_is_documented_and_light() -> None:
         assert name in handlers.__all__
     probe = "import sys, handlers; print(sorted(m for m in sys.modules if m.startswith(('handlers.', 'restate'))))"
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert "handlers.runtime.app" not in loaded and "handlers.agent.run" not in loaded, loaded
-    assert "'restate" not in loaded, loaded
+    assert "handlers.runtime.app" not in loaded and "handlers.agent.run" not in loaded and "'restate" not in loaded, (
+        loaded
+    )
 
 
 def test_five_fields_define_a_tool_with_sensible_defaults() -> None:

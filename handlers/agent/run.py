@@ -22,7 +22,7 @@ from handlers import retention
 from handlers.agent.turn import PolicyAnswer, RunMustFail, ask_policy, handle_turn
 from handlers.approval import ledger
 from handlers.approval.run_state import RunBook, RunState, load_run
-from handlers.approval.verdict import CANCEL_PROMISE, is_cancellation
+from handlers.approval.verdict import CANCEL_PROMISE
 from handlers.approval.workflow import cancel as approval_cancel
 from handlers.approval.workflow import complete, pending_of, run_status
 from handlers.approval.workflow import decide as approval_decide
@@ -42,6 +42,7 @@ from handlers.contract import (
     RunResult,
     RunStatus,
 )
+from handlers.errors import is_cancellation
 from handlers.llm import ModelUnavailable, check_model, load_model
 from handlers.llm.base import (
     AssistantTurn,

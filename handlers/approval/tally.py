@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from handlers.approval.verdict import Verdict
 from handlers.contract import ApprovalRecord, Vote
+from handlers.objects.delivery import DeliveryFailure
 from handlers.tools.policy import ToolPolicy
 
 
@@ -76,3 +77,25 @@ def event_bound(policy: ToolPolicy) -> int:
     deadline and the cancel), which bounds the waiting loop."""
     rounds = 1 + len(policy.escalate_to)
     return 2 + len(policy.approvers) + len(policy.escalate_to) + rounds * (1 + len(policy.reminders_seconds))
+
+
+def slot_verdict(record: ApprovalRecord, failure: DeliveryFailure, now: float) -> Verdict | None:
+    """What `Approval.delivery_failed` completes the failed slot's decision promise with: that approver
+    cannot decide (`undeliverable`, from the system). The waiting loop then escalates, waits for the
+    other approvers, or resolves the approval as `undeliverable` when nobody is left. None when the
+    failure is stale: another round, a decided approval, or a slot that is no longer asked or already voted."""
+    if record.approval_id != failure.approval_id or record.state != "pending" or failure.round != record.round:
+        return None
+    voted = {v.slot for v in record.votes if v.round == record.round}
+    if failure.slot not in record.active_slots or failure.slot in voted:
+        return None
+    what = failure.event.removeprefix("email.")
+    return Verdict(
+        kind="undeliverable",
+        slot=failure.slot,
+        round=record.round,
+        digest=record.digest,
+        at=now,
+        reason=f"the approval email could not be delivered ({what}{': ' + failure.detail if failure.detail else ''})",
+        source="system",
+    )

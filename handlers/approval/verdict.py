@@ -39,16 +39,6 @@ def slot_promise(approval_id: str, round_: int, slot: int) -> str:
     return f"decision:{approval_id}:r{round_}:s{slot}"
 
 
-def is_already_completed(exc: Exception) -> bool:
-    """Restate's answer to a second completion of a promise (as opposed to a cancellation)."""
-    return getattr(exc, "status_code", None) == 409 and "already completed" in str(exc)
-
-
-def is_cancellation(exc: Exception) -> bool:
-    """A hard `restate invocations cancel`: must propagate, never be swallowed as a business error."""
-    return getattr(exc, "status_code", None) == 409 and getattr(exc, "message", "") in ("cancelled", "killed")
-
-
 def state_of(final: Verdict) -> ApprovalState:
     """The approval's state once `final` decided it."""
     if final.closes_as is not None:

@@ -23,12 +23,11 @@ from handlers.approval.verdict import (
     CANCEL_PROMISE,
     Verdict,
     VerdictKind,
-    is_already_completed,
-    is_cancellation,
     slot_promise,
     state_of,
 )
 from handlers.contract import ApprovalRecord, CancelRequest
+from handlers.errors import is_already_completed, is_cancellation
 from handlers.mail.approval_email import MailKind, send_approval_request, send_batch_request
 from handlers.mail.message import SendReceipt
 from handlers.mail.receipt_email import send_decision_receipt

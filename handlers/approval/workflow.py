@@ -23,7 +23,8 @@ from handlers.approval import confirm
 from handlers.approval.edits import EditRejected, apply_edits
 from handlers.approval.gate import Act, GateResult, decide_and_act
 from handlers.approval.run_state import RunBook, RunState, load_approval, load_header, load_run
-from handlers.approval.verdict import CANCEL_PROMISE, Verdict, is_already_completed, slot_promise
+from handlers.approval.tally import slot_verdict
+from handlers.approval.verdict import CANCEL_PROMISE, Verdict, slot_promise
 from handlers.contract import (
     ApprovalRecord,
     CancelReceipt,
@@ -36,8 +37,9 @@ from handlers.contract import (
     ReassignRequest,
     RunStatus,
 )
+from handlers.errors import is_already_completed
 from handlers.objects.audit import AuditEntry, append
-from handlers.objects.delivery import DeliveryFailure, slot_verdict
+from handlers.objects.delivery import DeliveryFailure
 from handlers.security import links
 from handlers.security.links import LinkInvalid, LinkState
 from handlers.security.redact import clean_failures

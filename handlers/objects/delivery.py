@@ -8,7 +8,7 @@ id, on top of the idempotency key it is sent with); an email that
 carried decision links (request, reminder, escalation) and did not reach its approver (bounced,
 complained, failed, suppressed) is forwarded once per round and approver slot to the approval as a
 `DeliveryFailure` through `Approval.delivery_failed` (same key), which decides what the approval does
-about it (escalate, or `undeliverable`: see `slot_verdict`).
+about it (escalate, or `undeliverable`: see `handlers.approval.tally.slot_verdict`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import restate
 from pydantic import BaseModel, Field
 from restate import ObjectContext, ObjectSharedContext
 
-from handlers.approval.verdict import Verdict
-from handlers.contract import ApprovalRecord, Strict
+from handlers.contract import Strict
 from handlers.mail.intent import APPROVER_KINDS, MessageKind
 
 STATE_KEY = "log"
@@ -117,28 +116,6 @@ async def record(ctx: ObjectContext, event: DeliveryEvent) -> DeliveryAck:
 async def delivery_log(ctx: ObjectSharedContext) -> DeliveryLog:
     """Everything recorded for this approval's emails."""
     return await ctx.get(STATE_KEY, type_hint=DeliveryLog) or DeliveryLog()
-
-
-def slot_verdict(record: ApprovalRecord, failure: DeliveryFailure, now: float) -> Verdict | None:
-    """What `Approval.delivery_failed` completes the failed slot's decision promise with: that approver
-    cannot decide (`undeliverable`, from the system). The waiting loop then escalates, waits for the
-    other approvers, or resolves the approval as `undeliverable` when nobody is left. None when the
-    failure is stale: another round, a decided approval, or a slot that is no longer asked or already voted."""
-    if record.approval_id != failure.approval_id or record.state != "pending" or failure.round != record.round:
-        return None
-    voted = {v.slot for v in record.votes if v.round == record.round}
-    if failure.slot not in record.active_slots or failure.slot in voted:
-        return None
-    what = failure.event.removeprefix("email.")
-    return Verdict(
-        kind="undeliverable",
-        slot=failure.slot,
-        round=record.round,
-        digest=record.digest,
-        at=now,
-        reason=f"the approval email could not be delivered ({what}{': ' + failure.detail if failure.detail else ''})",
-        source="system",
-    )
 
 
 def _failure(log: DeliveryLog, event: DeliveryEvent) -> DeliveryFailure | None:

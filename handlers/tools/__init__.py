@@ -11,6 +11,10 @@ import functools
 from handlers.settings import get_settings
 from handlers.tools.registry import Registry, load_tools
 
+DEMO_TOOLS = "handlers.demo.tools:DEMO_TOOLS"
+"""The tools loaded when COUNTERSIGN_TOOLS is unset, by import path like any other set (the tools SDK
+does not depend on its demo)."""
+
 
 @functools.cache
 def default_registry() -> Registry:
@@ -20,7 +24,5 @@ def default_registry() -> Registry:
         tools = load_tools(settings.countersign_tools)
         source = f"COUNTERSIGN_TOOLS={','.join(settings.countersign_tools)}"
     else:
-        from handlers.demo.tools import DEMO_TOOLS  # only when they are the tools in use
-
-        tools, source = DEMO_TOOLS, "the demo tools (COUNTERSIGN_TOOLS is unset)"
+        tools, source = load_tools([DEMO_TOOLS]), "the demo tools (COUNTERSIGN_TOOLS is unset)"
     return Registry(tools, settings.approvals_policy_file, source=source)

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 from restate import Context, RunOptions, TerminalError
 
-from handlers.approval.verdict import is_cancellation
+from handlers.errors import is_cancellation
 from handlers.faults import crash_point, fail_point
 from handlers.security.redact import scrubbed
 from handlers.tools import default_registry
