@@ -24,6 +24,7 @@ from handlers.tools.registry import EditRule, EffectContext, Registry, Tool, Too
 
 if TYPE_CHECKING:
     from handlers.approval.calls import ApprovalOutcome, gated_call, request_approval
+    from handlers.runtime.app import create_app
 
 _GATE = ("ApprovalOutcome", "gated_call", "request_approval")
 
@@ -40,6 +41,7 @@ __all__ = [
     "Tool",
     "ToolError",
     "ToolPolicy",
+    "create_app",
     "gated_call",
     "load_tools",
     "request_approval",
@@ -51,4 +53,8 @@ def __getattr__(name: str) -> Any:
         from handlers.approval import calls as approval_calls
 
         return getattr(approval_calls, name)
+    if name == "create_app":
+        from handlers.runtime.app import create_app
+
+        return create_app
     raise AttributeError(f"module 'handlers' has no attribute {name!r}")
