@@ -36,6 +36,7 @@ BOTH_PROTOCOLS = frozenset(
         "test_approval_semantics",
         "test_deadline_and_refusals",
         "test_durability",
+        "test_gate_library",
         "test_models_replay",
         "test_operations",
         "test_security_ingress",

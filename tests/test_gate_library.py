@@ -76,8 +76,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture()
-def stack(private_stacks: StackFactory, project: Path) -> Iterator[IsolatedStack]:
-    yield private_stacks(
+def stack(isolated_stack: StackFactory, project: Path) -> Iterator[IsolatedStack]:
+    yield isolated_stack(
         app_env={
             "COUNTERSIGN_SERVICES": "myshop.agents:served",
             "PYTHONPATH": str(project),
@@ -104,6 +104,19 @@ def test_a_virtual_object_gates_a_refund_and_the_approved_one_runs_once(stack: I
     # The approval's own trail, as for an agent's approval.
     status = stack.ingress.call("Approval", "desk-1-a0", "status", None).json()
     assert status["approvals"][0]["state"] == "approved" and status["history"][0]["outcome"] == "approved"
+
+
+def test_kill9_of_the_handler_while_a_virtual_objects_approval_waits_then_approve(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 90000)
+    ask = {"run_id": "desk-9", "tool": "issue_refund", "args": refund(order, "700.00")}
+    invocation = stack.ingress.send("RefundDesk", "customer-9", "act", ask)
+    [mail] = wait_for_email(stack.outbox_dir, "desk-9")
+    stack.app.kill9()
+    stack.app.restart()
+    assert submit(mail.link, "approve").status_code == 200
+    record = stack.ingress.wait_invocation(invocation, timeout=60).json()
+    assert record["outcome"] == "approved"
+    assert refunds_for(stack.db_path, "desk-9") == [("desk-9/0", order, 70000)], "exactly one refund"
 
 
 def test_a_virtual_object_gets_the_edited_amount_executed(stack: IsolatedStack) -> None:
