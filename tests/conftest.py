@@ -92,11 +92,14 @@ def restate_server(deployment_protocol: str, tmp_path_factory: pytest.TempPathFa
 
 @pytest.fixture(scope="session")
 def app_env(restate_server: RestateServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return make_app_env(
+    env = make_app_env(
         ingress_url=restate_server.ingress_url,
         outbox_dir=tmp_path_factory.mktemp("outbox"),
         db_path=tmp_path_factory.mktemp("demo") / "business.db",
     )
+    # The operator's allow-list for reassignments outside a tool's policy (the tests that hand an
+    # approval to someone new use these; anything else stays refused, see test_security_ingress).
+    return {**env, "APPROVALS_REASSIGN_ALLOWED": "carol@example.com,@reassign.example"}
 
 
 @pytest.fixture(scope="session")

@@ -278,7 +278,7 @@ def test_inbox_page(app_server: AppServer, ingress: Ingress, outbox_dir: Path, d
 def test_inbox_revoke_stops_every_earlier_inbox_link_and_newer_ones_work(
     app_server: AppServer, restate_server: RestateServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
 ) -> None:
-    person = f"inbox-{run_id[-8:]}@example.com"  # an approver of this test only: revocation is per person
+    person = f"inbox-{run_id[-8:]}@reassign.example"  # an approver of this test only: revocation is per person
 
     def hand_to_person(run: str) -> str:
         """Start a refund, reassign it to `person`, and return the inbox link of the email they get."""

@@ -12,6 +12,7 @@ is closed, whatever the listener's own timeouts are.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -36,6 +37,9 @@ _MESSAGES = {
 def _is_restate(scope: Scope) -> bool:
     path = str(scope.get("path", ""))
     return path == RESTATE_PREFIX or path.startswith(RESTATE_PREFIX + "/")
+
+
+log = logging.getLogger("countersign.pages")
 
 
 class SecurityHeaders:
@@ -90,6 +94,8 @@ class BodyDeadline:
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
+                        # A closed tab or a dropped connection: nobody reads an answer, nothing failed.
+                        log.info("a client disconnected before its form arrived; nothing was decided")
                         return
                     chunk = message.get("body", b"")
                     size += len(chunk)

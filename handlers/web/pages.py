@@ -47,7 +47,7 @@ class ApprovalPages:
         runs: RunsClient = request.app.state.runs
         try:
             claims = links.parse(token)
-            loaded = await self._load(runs, claims.run_id, claims.index)
+            loaded = await self._load(runs, claims.run_id, claims.index, claims.exp)
             if loaded is None:
                 raise LinkInvalid("This link is not valid.")
             status, record = loaded
@@ -132,18 +132,18 @@ class ApprovalPages:
         return form
 
     @staticmethod
-    async def _load(runs: RunsClient, run_id: str, index: int) -> tuple[RunStatus, ApprovalRecord] | None:
+    async def _load(runs: RunsClient, run_id: str, index: int, expires: int) -> tuple[RunStatus, ApprovalRecord] | None:
         """The approval the link points to, from its own workflow; for a batch, with the other items
         of the batch beside it (each in its own workflow)."""
         wanted = links.approval_id(run_id, index)
-        status = await runs.status(wanted)
+        status = await _approval_status(runs, wanted, expires)
         record = next((r for r in status.approvals if r.approval_id == wanted), None)
         if record is None or not record.batch:
             return (status, record) if record is not None else None
         approvals, history = list(status.approvals), list(status.history)
         for other in record.batch:
             if other != index:
-                item = await runs.status(links.approval_id(run_id, other))
+                item = await _approval_status(runs, links.approval_id(run_id, other), expires)
                 approvals += item.approvals
                 history += item.history
         return status.model_copy(update={"approvals": approvals, "history": history}), record
@@ -242,3 +242,13 @@ class ApprovalPages:
         except ValueError:  # invalid UTF-8 (raw or percent-encoded), or too many fields
             return None
         return FormData([(name, value) for name, value in fields])
+
+
+async def _approval_status(runs: RunsClient, approval_id: str, expires: int) -> RunStatus:
+    """An approval's status. A batch's email goes out from the run just before each item's own
+    workflow has saved its record, so a link still within its validity may meet an approval that is
+    not there yet: that is "try again" (nothing can be verified, nothing is decided), not "invalid"."""
+    status = await runs.status(approval_id)
+    if status.phase == "unknown" and time.time() < expires:
+        raise RunCallFailed(503, "This approval is still being set up. Please try again in a minute.")
+    return status
