@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.approver import form_csrf, submit, wait_for_email
+from support.approver import approval_emails, form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, StackFactory
 
@@ -146,6 +146,8 @@ def test_a_service_hears_a_rejection_with_its_reason_and_nothing_runs(stack: Iso
     assert outcome["verdict"] == "rejected" and outcome["reason"] == "already refunded by phone"
     assert outcome["args"] is None and outcome["decision_source"] == "human"
     assert refunds_for(stack.db_path, "check-1") == []
+    [notice] = wait_for_email(stack.outbox_dir, "check-1", kind="outcome")  # the requester hears of it
+    assert notice.message["To"] == "alice@example.com" and "already refunded by phone" in notice.text
 
 
 def test_a_service_sees_the_deadline_pass(stack: IsolatedStack) -> None:
@@ -179,6 +181,8 @@ def test_a_service_gets_a_quorum_approval_and_the_approved_arguments(stack: Isol
     assert sorted(outcome["approved_by"]) == ["ops@example.com", "security@example.com"]
     with sqlite3.connect(stack.db_path) as db:  # request_approval decides; it runs nothing itself
         assert db.execute("SELECT deleted_at FROM customers WHERE id = 'c_23'").fetchone() == (None,)
+    # ... so nobody is told it ran: no outcome notice for an approval that is only reported.
+    assert approval_emails(stack.outbox_dir, "check-3", kind="outcome") == []
 
 
 def test_an_autonomous_call_and_default_placement(stack: IsolatedStack) -> None:

@@ -103,9 +103,9 @@ def _where(ctx: restate.Context, run_id: str | None, index: int | None) -> tuple
 
 
 def _check_people(requester: str, tenant: str) -> None:
-    if not re.match(EMAIL_PATTERN, requester):
+    if not re.fullmatch(EMAIL_PATTERN, requester):
         raise TerminalError(f"requester {requester[:80]!r} is not an email address", 400)
-    if not re.match(NAME_PATTERN, tenant):
+    if not re.fullmatch(NAME_PATTERN, tenant):
         raise TerminalError(f"tenant {tenant[:80]!r} must match {NAME_PATTERN}", 400)
 
 

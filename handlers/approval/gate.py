@@ -140,7 +140,9 @@ async def decide_and_act(
         return GateResult(record=record, action=_action(record, final, record.state), final=final)
     else:
         result = _report(book, waiter, final)
-    await _tell_requester(book, record, result.action)
+    if act == "execute" or result.action.outcome not in (Outcome.APPROVED, Outcome.APPROVED_WITH_EDITS):
+        # An approval that is only reported has not executed: the caller runs it and tells whom it likes.
+        await _tell_requester(book, record, result.action)
     book.state.actions.append(result.action)
     book.state.phase = "completed"
     book.save()
