@@ -131,8 +131,12 @@ async def decide_and_act(
     if delivered is None:
         ledger.requested(book, record)
     [final] = await wait_all(book, [waiter], "request", delivered=None if delivered is None else [delivered])
-    if act == "execute":
-        result = await _act(book, _tool(record.tool), waiter, final)
+    tool = default_registry().get(record.tool)
+    if tool is None and final.kind == "approve":  # only if the tool set changed under a waiting approval
+        result = _finish(book, waiter, final, failure=f"tool {record.tool!r} is no longer loaded; nothing ran")
+    elif act == "execute":
+        assert tool is not None
+        result = await _act(book, tool, waiter, final)
     elif final.kind == "approve" and act == "defer":
         # Approved, and the caller acts: it records the execution and the outcome in its own journal.
         _decided(book, record, final, state_of(final))
@@ -157,16 +161,12 @@ async def act_on_deferred(book: RunBook, deferred: GateResult, verdict: PolicyVe
     if deferred.final is None:
         return deferred
     waiter = Waiter(book, deferred.record, verdict.policy)
-    result = await _act(book, _tool(deferred.record.tool), waiter, deferred.final, may_reapprove=False)
+    tool = default_registry().get(deferred.record.tool)
+    if tool is None:  # only if the tool set changed under a waiting approval
+        return _finish(book, waiter, deferred.final, failure=f"tool {deferred.record.tool!r} is no longer loaded")
+    result = await _act(book, tool, waiter, deferred.final, may_reapprove=False)
     await _tell_requester(book, waiter.record, result.action)
     return result
-
-
-def _tool(name: str) -> Tool:
-    tool = default_registry().get(name)
-    if tool is None:  # only if the tool set changed under a waiting approval
-        raise LookupError(f"tool {name!r} is no longer loaded")
-    return tool
 
 
 async def _tell_requester(book: RunBook, record: ApprovalRecord, action: ActionRecord) -> None:
@@ -221,8 +221,10 @@ def _report(book: RunBook, waiter: Waiter, final: Verdict) -> GateResult:
     record = waiter.record
     if final.kind != "approve":
         return _finish(book, waiter, final)
+    tool = default_registry().get(record.tool)
+    assert tool is not None  # decide_and_act ends an approval whose tool is gone before reporting it
     try:
-        approved, changed = apply_edits(_tool(record.tool), record.args, final.edits or {})
+        approved, changed = apply_edits(tool, record.args, final.edits or {})
     except EditRejected as exc:
         return _finish(book, waiter, final, failure=f"the approved edits are no longer valid: {exc}")
     record.edits = changed or None
