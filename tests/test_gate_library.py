@@ -219,3 +219,15 @@ def test_bad_input_to_the_gate_is_a_clear_answer_not_a_stuck_invocation(stack: I
     bad_run = stack.ingress.send("RefundCheck", None, "ask", {"run_id": "no spaces", "tool": "nope", "args": {}})
     failed = stack.ingress.wait_invocation(bad_run)
     assert failed.status_code == 400 and "run_id" in failed.json()["message"]
+
+
+def test_an_approval_cancelled_before_its_workflow_started_ends_cancelled(stack: IsolatedStack) -> None:
+    """The window between a caller freezing a call and the approval's workflow saving it: a cancel in
+    it is not lost (the approval ends cancelled as soon as it waits) and nothing runs."""
+    ahead = stack.ingress.call("Approval", "desk-5-a0", "cancel", {"reason": "withdrawn"}).json()
+    assert ahead["accepted"] is True and ahead["cancelled_approvals"] == ["desk-5-a0"]
+    order = new_order(stack.db_path, 90000)
+    ask = {"run_id": "desk-5", "tool": "issue_refund", "args": refund(order, "700.00")}
+    record = stack.ingress.wait_invocation(stack.ingress.send("RefundDesk", "customer-5", "act", ask)).json()
+    assert record["outcome"] == "cancelled" and record["reason"] == "withdrawn"
+    assert refunds_for(stack.db_path, "desk-5") == []

@@ -252,10 +252,15 @@ def _slot_state(verdict: Verdict) -> str:
 
 @approval.handler(name="cancel")
 async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelReceipt:
-    """Close a pending approval as `cancelled`: nothing executes. Not accepted once it is decided."""
+    """Close a pending approval as `cancelled`: nothing executes. Not accepted once it is decided.
+    An approval whose workflow has not saved its record yet (its caller froze it a moment ago) is
+    cancelled ahead: it ends `cancelled` as soon as it starts waiting."""
     record = await _record(ctx)
-    if record is None or record.state != "pending":
-        return CancelReceipt(run_id=record.run_id if record else "", accepted=False, cancelled_approvals=[])
+    if record is None:
+        ahead = await complete(ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest), request)
+        return CancelReceipt(run_id="", accepted=ahead, cancelled_approvals=[ctx.key()] if ahead else [])
+    if record.state != "pending":
+        return CancelReceipt(run_id=record.run_id, accepted=False, cancelled_approvals=[])
     now = await ctx.time()
     won = False
     for slot in record.active_slots:
