@@ -58,16 +58,19 @@ def approve(ingress: Ingress, link: str) -> int:
     return reply.status_code
 
 
-def run_statuses(restate: RestateServer, prefix: str) -> Counter[str]:
+def run_statuses(restate: RestateServer, prefix: str, service: str = "AgentRun") -> Counter[str]:
     rows = restate.sql(
-        "select status, count(*) as n from sys_invocation where target_service_name = 'AgentRun'"
+        f"select status, count(*) as n from sys_invocation where target_service_name = '{service}'"
         f" and target_handler_name = 'run' and target_service_key like '{prefix}%' group by status"
     )
     return Counter({row["status"]: int(row["n"]) for row in rows})
 
 
 def all_in(restate: RestateServer, prefix: str, status: str) -> bool:
-    return run_statuses(restate, prefix) == Counter({status: RUNS})
+    """Every run, and every run's approval (its own workflow, which sends the email), in `status`."""
+    return all(
+        run_statuses(restate, prefix, service) == Counter({status: RUNS}) for service in ("AgentRun", "Approval")
+    )
 
 
 def refunds_by_key(db: Path, prefix: str) -> dict[str, tuple[int, int, int]]:
@@ -100,7 +103,8 @@ def test_200_paused_runs_need_no_handler_and_each_refund_happens_once(private_st
 
     app.stop()
     assert not app.alive() and port_is_free(app.port) and port_is_free(app.restate_port) and not app.sigterm_ignored
-    assert run_statuses(restate, prefix) == Counter({"suspended": RUNS}), "nothing retries against the gone handler"
+    for service in ("AgentRun", "Approval"):
+        assert run_statuses(restate, prefix, service) == Counter({"suspended": RUNS}), f"no {service} retries"
 
     app.restart()
     replies = in_parallel(lambda ingress, run_id: approve(ingress, mails[run_id].link), orders, stack)
