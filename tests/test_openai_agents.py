@@ -30,7 +30,10 @@ def fake() -> Iterator[oai.OpenAIFake]:
 @pytest.fixture()
 def stack(isolated_stack: StackFactory, fake: oai.OpenAIFake, tmp_path: Path) -> IsolatedStack:
     policy = tmp_path / "policy.toml"
-    policy.write_text("[tools.email_customer]\ndeadline_seconds = 2\n")
+    # Refunds over $10 need a person (the code says $500); the example's SDK callable asks over $100.
+    policy.write_text(
+        '[tools.email_customer]\ndeadline_seconds = 2\n\n[tools.issue_refund]\nwhen = "amount_usd > 10.0"\n'
+    )
     return isolated_stack(
         app_env={
             "COUNTERSIGN_SERVICES": "examples.openai_agents.agent:services",
@@ -128,6 +131,57 @@ def test_an_expired_approval_is_a_denial_that_says_so(stack: IsolatedStack, fake
     assert result.startswith("Not run: the approval expired without a decision") and "deadline passed" in result
     late = submit(mail.link, "approve", csrf=csrf)
     assert late.status_code == 409 and "expired" in late.text
+
+
+def test_a_call_the_sdks_callable_lets_through_is_still_gated_by_the_policy(
+    stack: IsolatedStack, fake: oai.OpenAIFake, run_id: str
+) -> None:
+    order = new_order(stack.db_path, 90000)
+    invocation = start(stack, fake, run_id, ("issue_refund", refund_args(order, "40.00")))
+    [mail] = wait_for_email(stack.outbox_dir, run_id)  # no interruption: the gate asks inside the tool call
+    assert "Refund $40.00 to order" in mail.text
+    assert refunds_for(stack.db_path, run_id) == []
+    assert submit(mail.link, "approve").status_code == 200
+
+    stack.ingress.wait_invocation(invocation, timeout=60).raise_for_status()
+    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 4000)]
+    assert json.loads(told(fake, run_id)[0])["outcome"] == "approved"
+
+
+def test_a_call_neither_the_sdk_nor_the_policy_gates_runs_alone(
+    stack: IsolatedStack, fake: oai.OpenAIFake, run_id: str
+) -> None:
+    order = new_order(stack.db_path, 90000)
+    invocation = start(stack, fake, run_id, ("issue_refund", refund_args(order, "5.00")))
+    stack.ingress.wait_invocation(invocation, timeout=60).raise_for_status()
+    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 500)]
+    assert json.loads(told(fake, run_id)[0])["outcome"] == "autonomous"
+    assert list(stack.outbox_dir.glob(f"approval-request_{run_id}-*")) == []
+
+
+def test_two_calls_of_one_turn_are_asked_one_after_another(
+    stack: IsolatedStack, fake: oai.OpenAIFake, run_id: str
+) -> None:
+    first, second = new_order(stack.db_path, 90000), new_order(stack.db_path, 90000)
+    invocation = start(
+        stack,
+        fake,
+        run_id,
+        ("issue_refund", refund_args(first, "800.00")),
+        ("issue_refund", refund_args(second, "700.00")),
+    )
+    [mail] = wait_for_email(stack.outbox_dir, run_id)
+    assert "Refund $800.00 to order" in mail.text
+    assert submit(mail.link, "approve").status_code == 200
+    [_, later] = wait_for_email(stack.outbox_dir, run_id, count=2)
+    assert "Refund $700.00 to order" in later.text and f"{run_id}-a1" in later.path.name
+    assert submit(later.link, "reject", reason="one refund is enough").status_code == 200
+
+    stack.ingress.wait_invocation(invocation, timeout=60).raise_for_status()
+    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", first, 80000)]
+    approved, rejected = told(fake, run_id)
+    assert json.loads(approved)["outcome"] == "approved"
+    assert rejected == "Rejected by the approver: one refund is enough"
 
 
 def agent_statuses(stack: IsolatedStack) -> set[str]:

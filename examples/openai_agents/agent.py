@@ -2,20 +2,23 @@
 `COUNTERSIGN_SERVICES=examples.openai_agents.agent:services`.
 
 `RefundAgent.run` runs an Agents SDK agent whose tools are the demo's `issue_refund` and
-`email_customer`, made with `countersign_tool` (so `needs_approval=True`). Every call the model makes
-interrupts the run; `run_gated` turns each interruption into a Countersign approval (policy, email,
-page, deadline), applies the decision to the run state and resumes, all inside this one durable
-handler. The model is the SDK's OpenAI provider: `OPENAI_API_KEY` and `OPENAI_BASE_URL` point it at
-OpenAI or at any OpenAI-compatible server; `AGENT_OPENAI_API` picks `chat_completions` (the default,
-which local servers speak) or `responses`.
+`email_customer`, made with `countersign_tool`: `email_customer` always interrupts the run
+(`needs_approval=True`), `issue_refund` when the SDK's callable says so (over $100); a refund it lets
+through is still gated by the tool's Countersign policy, inside the tool call. `run_gated` turns each
+interruption into a Countersign approval (policy, email, page, deadline), applies the decision to the
+run state and resumes, all inside this one durable handler. The model is the SDK's OpenAI provider:
+`OPENAI_API_KEY` and `OPENAI_BASE_URL` point it at OpenAI or at any OpenAI-compatible server;
+`AGENT_OPENAI_API` picks `chat_completions` (the default, which local servers speak) or `responses`.
 """
 
 from __future__ import annotations
 
 import os
+from decimal import Decimal, InvalidOperation
+from typing import Any
 
 import restate
-from agents import Agent, RunConfig
+from agents import Agent, RunConfig, RunContextWrapper
 from agents.models.multi_provider import MultiProvider
 from pydantic import BaseModel, Field
 
@@ -39,6 +42,14 @@ class Answer(BaseModel):
     answer: str
 
 
+async def refund_over_100(context: RunContextWrapper[Any], args: dict[str, Any], call_id: str) -> bool:
+    """The SDK's own `needs_approval` callable: a refund over $100 interrupts the run."""
+    try:
+        return Decimal(str(args.get("amount_usd", "0"))) > 100
+    except InvalidOperation:
+        return True  # let the gate say what is wrong with it
+
+
 def _config() -> RunConfig:
     use_responses = os.environ.get("AGENT_OPENAI_API", "chat_completions") == "responses"
     return RunConfig(model_provider=MultiProvider(openai_use_responses=use_responses))
@@ -53,7 +64,10 @@ async def run(ctx: restate.Context, task: Task) -> Answer:
         name="refund desk",
         instructions=INSTRUCTIONS,
         model=task.model or os.environ.get("AGENT_MODEL", "gpt-4.1-mini"),
-        tools=[countersign_tool("issue_refund"), countersign_tool("email_customer")],
+        tools=[
+            countersign_tool("issue_refund", needs_approval=refund_over_100),
+            countersign_tool("email_customer"),
+        ],
     )
     result = await run_gated(
         ctx,

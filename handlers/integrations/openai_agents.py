@@ -10,7 +10,7 @@
         return str(result.final_output)
 
 Guarantee: everything happens inside the one Restate handler that calls `run_gated`. Every model
-call is a journaled step (restate.ext.openai's model wrapper), so a replay sees the same tool calls;
+call is a journaled step (as with restate.ext.openai's DurableRunner), so a replay sees the same tool calls;
 each interruption the SDK raises for a `countersign_tool` becomes one `gated_call` (policy, emailed
 approval, precondition re-check, the effect under the idempotency key `<run_id>/<index>`), whose
 result is journaled by the gate; its verdict is applied to the SDK's RunState (approve, or reject with
@@ -25,12 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
 import restate
+from pydantic import BaseModel, TypeAdapter
 from restate import RunOptions, TerminalError
 
 from handlers.approval.calls import gated_call
@@ -39,13 +40,22 @@ from handlers.tools import default_registry
 from handlers.tools.registry import Tool
 
 try:
-    from agents import Agent, FunctionTool, Model, ModelProvider, RunConfig, Runner, RunResult, RunState
-    from agents.items import ToolApprovalItem
+    from agents import (
+        Agent,
+        AgentsException,
+        FunctionTool,
+        Model,
+        ModelProvider,
+        RunConfig,
+        Runner,
+        RunResult,
+        RunState,
+        Usage,
+    )
+    from agents.items import ModelResponse, ToolApprovalItem, TResponseOutputItem, TResponseStreamEvent
     from agents.models.multi_provider import MultiProvider
     from agents.run_context import RunContextWrapper
     from agents.tool_context import ToolContext
-    from restate.ext.openai.models import State
-    from restate.ext.openai.runner_wrapper import RestateModelWrapper
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "handlers.integrations.openai_agents needs the OpenAI Agents SDK: pip install 'countersign[openai-agents]'"
@@ -148,20 +158,33 @@ async def run_gated(
     SDK's OpenAI provider) or holds a Model instance."""
     where = run_id or ctx.request().id
     run = _Run(ctx, requester, tenant, goal or _text(input), why, where, first_index)
-    config = _journaled(agent, run_config or RunConfig(), run_options or _MODEL_STEP)
+    config = _journaled(ctx, agent, run_config or RunConfig(), run_options or _MODEL_STEP)
     token = _CURRENT.set(run)
     try:
-        result = await Runner.run(agent, input, run_config=config, max_turns=max_turns)
+        result = await _resume(agent, input, config, max_turns)
         for _ in range(MAX_APPROVAL_ROUNDS):
             if not result.interruptions:
                 return result
             state = result.to_state()
-            for item in result.interruptions:
+            # The state's own items: the SDK matches a copy by identity, which two calls of one
+            # tool in one turn can make ambiguous.
+            for item in state.get_interruptions():
                 await _decide(run, state, item)
-            result = await Runner.run(agent, state, run_config=config, max_turns=max_turns)
+            result = await _resume(agent, state, config, max_turns)
     finally:
         _CURRENT.reset(token)
     raise TerminalError(f"the agent was still asking for approvals after {MAX_APPROVAL_ROUNDS} rounds")
+
+
+async def _resume(
+    agent: Agent[Any], input: str | list[Any] | RunState[Any], config: RunConfig, turns: int
+) -> RunResult:
+    try:
+        return await Runner.run(agent, input, run_config=config, max_turns=turns)
+    except AgentsException as exc:
+        # The SDK's own errors (too many turns, a reply it cannot use, a misuse) replay the same way
+        # from the journal: retrying the invocation would only repeat them.
+        raise TerminalError(f"the agent run failed: {type(exc).__name__}: {exc}") from exc
 
 
 async def _decide(run: _Run, state: RunState[Any], item: ToolApprovalItem) -> None:
@@ -238,24 +261,73 @@ def _text(input: str | list[Any]) -> str:
     return input if isinstance(input, str) else ""
 
 
+_OUTPUT: TypeAdapter[list[TResponseOutputItem]] = TypeAdapter(list[TResponseOutputItem])
+_USAGE: TypeAdapter[Usage] = TypeAdapter(Usage)
+
+
+class _Reply(BaseModel):
+    """One model reply as journaled: the output items as the API spells them (by alias)."""
+
+    output: list[Any]
+    usage: dict[str, Any]
+    response_id: str | None = None
+    request_id: str | None = None
+
+
+class _JournaledModel(Model):
+    """`inner`, with every reply one journaled step, so a replay never asks the provider again.
+
+    Like restate.ext.openai's wrapper, but the items are journaled by alias: openai 3.x models have
+    aliased fields (`async_` for `async`), and an item journaled by field name comes back with an
+    extra key that the Agents SDK refuses when it copies pending approvals."""
+
+    def __init__(self, inner: Model, ctx: restate.Context, options: RunOptions[Any]) -> None:
+        self._inner = inner
+        self._ctx = ctx
+        self._options = options
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        async def call() -> _Reply:
+            response = await self._inner.get_response(*args, **kwargs)
+            return _Reply(
+                output=_OUTPUT.dump_python(response.output, mode="json", by_alias=True, exclude_unset=True),
+                usage=_USAGE.dump_python(response.usage, mode="json"),
+                response_id=response.response_id,
+                request_id=response.request_id,
+            )
+
+        reply = await self._ctx.run_typed("call model", call, self._options)
+        return ModelResponse(
+            output=_OUTPUT.validate_python(reply.output),
+            usage=_USAGE.validate_python(reply.usage),
+            response_id=reply.response_id,
+            request_id=reply.request_id,
+        )
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
+        raise TerminalError("streaming is not supported under run_gated: each reply is one journaled step")
+
+
 class _JournaledProvider(ModelProvider):
     """Resolves model names with `inner` and journals every call of the models it returns."""
 
-    def __init__(self, inner: ModelProvider, options: RunOptions[Any]) -> None:
+    def __init__(self, inner: ModelProvider, ctx: restate.Context, options: RunOptions[Any]) -> None:
         self._inner = inner
+        self._ctx = ctx
         self._options = options
 
     def get_model(self, model_name: str | None) -> Model:
-        return RestateModelWrapper(self._inner.get_model(model_name), State(), self._options)
+        return _JournaledModel(self._inner.get_model(model_name), self._ctx, self._options)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
 
 
-def _journaled(agent: Agent[Any], config: RunConfig, options: RunOptions[Any]) -> RunConfig:
+def _journaled(ctx: restate.Context, agent: Agent[Any], config: RunConfig, options: RunOptions[Any]) -> RunConfig:
     if isinstance(config.model, Model):
-        return replace(config, model=RestateModelWrapper(config.model, State(), options))
+        return replace(config, model=_JournaledModel(config.model, ctx, options))
     if config.model is None and isinstance(agent.model, Model):
         # The run config's model takes precedence over every agent's: the journaled one is used.
-        return replace(config, model=RestateModelWrapper(agent.model, State(), options))
-    return replace(config, model_provider=_JournaledProvider(config.model_provider or MultiProvider(), options))
+        return replace(config, model=_JournaledModel(agent.model, ctx, options))
+    inner = config.model_provider or MultiProvider()
+    return replace(config, model_provider=_JournaledProvider(inner, ctx, options))
