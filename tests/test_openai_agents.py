@@ -133,6 +133,19 @@ def test_an_expired_approval_is_a_denial_that_says_so(stack: IsolatedStack, fake
     assert late.status_code == 409 and "expired" in late.text
 
 
+def test_a_cancelled_approval_is_a_denial_that_says_so(stack: IsolatedStack, fake: oai.OpenAIFake, run_id: str) -> None:
+    order = new_order(stack.db_path, 90000)
+    invocation = start(stack, fake, run_id, ("issue_refund", refund_args(order, "800.00")))
+    wait_for_email(stack.outbox_dir, run_id)
+    receipt = stack.ingress.call("Approval", f"{run_id}-a0", "cancel", {"reason": "customer withdrew the claim"})
+    assert receipt.json()["accepted"] is True
+
+    stack.ingress.wait_invocation(invocation, timeout=60).raise_for_status()
+    assert refunds_for(stack.db_path, run_id) == []
+    [result] = told(fake, run_id)
+    assert result.startswith("Not run: the approval was cancelled") and "customer withdrew the claim" in result
+
+
 def test_a_call_the_sdks_callable_lets_through_is_still_gated_by_the_policy(
     stack: IsolatedStack, fake: oai.OpenAIFake, run_id: str
 ) -> None:
