@@ -247,8 +247,10 @@ def _denial(record: ActionRecord) -> str:
     """The message the model sees for a call that did not run (or ran and failed)."""
     reason = record.reason or (record.result or {}).get("error") or "no reason given"
     match record.outcome:
-        case Outcome.REJECTED:
+        case Outcome.REJECTED if record.decision_source == "human":
             return f"Rejected by the approver: {reason}"
+        case Outcome.REJECTED:  # e.g. a deadline whose policy says a silence is a no
+            return f"Rejected: {reason}"
         case Outcome.EXPIRED:
             return f"Not run: the approval expired without a decision ({reason})"
         case Outcome.CANCELLED:
