@@ -41,6 +41,7 @@ BOTH_PROTOCOLS = frozenset(
         "test_operations",
         "test_security_ingress",
         "test_own_tools",
+        "test_openai_agents",
         "test_serverless",
     }
 )
