@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     resend_webhook_secret: str | None = None
     resend_api_url: str | None = None
     resend_timeout_seconds: float = Field(default=20.0, gt=0, le=50)
+    # A tool's `context` function (facts for the approver) is given up after this long: the
+    # approval goes out saying the facts could not be read.
+    tool_context_timeout_seconds: float = Field(default=5.0, gt=0, le=30)
     approvals_security_contact: str | None = Field(default=None, pattern=r"^[^@\s<>\"']{1,64}@[A-Za-z0-9.-]{1,190}$")
     restate_identity_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     countersign_journal_keys: SigningKeys = Field(default_factory=dict)

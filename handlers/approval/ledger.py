@@ -90,6 +90,9 @@ def requested(book: RunBook, record_: ApprovalRecord) -> None:
         deadline=record_.deadline,
         model=book.state.model,
         change_note=record_.change_note,
+        context=[f.model_dump() for f in record_.context],
+        context_error=record_.context_error,
+        trail=[t.model_dump() for t in record_.trail],
     )
 
 
