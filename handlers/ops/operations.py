@@ -26,6 +26,7 @@ import restate
 from handlers.approval.run_state import RunState, assemble
 from handlers.contract import EMAIL_PATTERN, CancelRequest, ReassignRequest
 from handlers.objects.audit import AuditLog, ChainedEntry, verify
+from handlers.ops.fatigue import Fatigue, fatigue
 from handlers.runtime.devstack import NO_JOURNAL_KEYS, journal_keys
 from handlers.security.codec import ENVELOPE, JournalCipher, JournalValueUnreadable
 from handlers.settings import Settings
@@ -220,6 +221,11 @@ class Operations:
 
     def stats(self) -> dict[str, Any]:
         return dict(self._call("TrustRamp", None, "report", None))
+
+    def fatigue(self, reading_seconds: float, streak: int) -> Fatigue:
+        """Whether approvers still read, from every approval's audit trail (one read per approval)."""
+        entries = (entry for run in self.runs() for a in sorted(run.approvals) for entry in self.audit_log(a))
+        return fatigue(entries, reading_seconds=reading_seconds, streak_warning=streak)
 
 
 def run_of(approval_id: str) -> str:
