@@ -149,3 +149,14 @@ def test_the_diff_marks_only_changed_lines_of_long_text() -> None:
     assert (change.removed, change.added) == (1, 2)
     assert diff.normalized("a\r\nb\rc") == "a\nb\nc"
     assert diff.marker({"body": "x"}) == diff.marker({"body": "x"}) != diff.marker({"body": "y"})
+
+
+def test_the_batch_email_shows_each_items_facts() -> None:
+    from handlers.mail.approval_email import batch_request
+
+    first = approval_record(context=[Fact(label="Order total", value="$612.40")])
+    second = approval_record(approval_id="run-1-a3", index=3, context_error="TimeoutError")
+    mail = batch_request([first, second], [0, 0], "", SETTINGS)
+    assert "   Facts read for you:\n       Order total: $612.40" in mail.text
+    assert "   Facts: the facts could not be read (TimeoutError)." in mail.text
+    assert "Order total" in mail.html and "could not be read (TimeoutError)" in mail.html

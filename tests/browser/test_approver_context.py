@@ -4,6 +4,7 @@ the tool read, the run's earlier calls, and, for an edited long text, the diff b
 
 from __future__ import annotations
 
+import re
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,12 @@ def test_the_refund_facts_and_the_trail_on_the_page_and_in_the_email(
     scroll_width = page.evaluate("document.documentElement.scrollWidth")
     assert scroll_width <= PHONE["viewport"]["width"], "the facts and the trail fit the phone's width"
     approval.screenshot(screenshots, "context-and-trail-phone")
+
+    [inbox_url] = re.findall(r"https?://\S+/inbox/[A-Za-z0-9._~-]+", text)
+    inbox = context.new_page()
+    inbox.goto(inbox_url)
+    [item] = [li for li in inbox.locator("li").all() if refund.summary in li.inner_text()]
+    assert "Order total: $1000.00 · Already refunded: $0.00 · Customer since: 2019-03-14" in item.inner_text()
 
     [requested] = [e for e in audit_entries(ingress, f"{run_id}-a1") if e["kind"] == "requested"]
     shown_facts = {f["label"]: f["value"] for f in requested["details"]["context"]}
