@@ -201,6 +201,7 @@ class ApprovalRecord(BaseModel):
     context: list[Fact] = Field(default_factory=list, description="facts the tool read when the call was frozen")
     context_error: str | None = Field(default=None, description="why the tool's facts could not be read")
     trail: list[TrailStep] = Field(default_factory=list, description="the run's earlier calls, before this one")
+    policy_version: str = Field(default="", description="the version of the tool's policy that gated the call")
 
     @property
     def nonce(self) -> str:

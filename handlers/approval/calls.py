@@ -28,6 +28,8 @@ from handlers.approval.waiting import Waiter, notify_batch
 from handlers.approval.workflow import ApprovalRequest
 from handlers.approval.workflow import run as approval_run
 from handlers.contract import EMAIL_PATTERN, NAME_PATTERN, ActionRecord, DecisionSource, Outcome, TrailStep
+from handlers.objects.audit import AuditEntry
+from handlers.objects.audit import append as audit_append
 from handlers.security import links
 from handlers.tools import default_registry
 from handlers.tools.context import read_context
@@ -232,17 +234,27 @@ async def gated_call(
             index=at, tool=name, proposed_args=dict(args), outcome=outcome, result={"error": asked.error}
         )
     if asked.opening is None:
-        return await run_alone(ctx, name, asked.args, where, at, tenant, requester)
+        version = asked.verdict.version if asked.verdict else ""
+        return await run_alone(ctx, name, asked.args, where, at, tenant, requester, version)
     facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
     return (await _approval(ctx, facts, name, at, asked, why, act="execute", trail=trail)).action
 
 
 async def run_alone(
-    ctx: restate.Context, tool: str, args: dict[str, Any], run_id: str, index: int, tenant: str, requester: str
+    ctx: restate.Context,
+    tool: str,
+    args: dict[str, Any],
+    run_id: str,
+    index: int,
+    tenant: str,
+    requester: str,
+    policy_version: str = "",
 ) -> ActionRecord:
-    """A call the policy lets run without a person, as one step of the caller's journal."""
+    """A call the policy lets run without a person, as one step of the caller's journal; its audit
+    trail (keyed like an approval, `<run_id>-a<index>`) gets one `autonomous` entry naming the policy
+    version that let it run alone."""
     run = await run_tool(ctx, tool, args, index, run_id=run_id, tenant=tenant, requester=requester)
-    return ActionRecord(
+    action = ActionRecord(
         index=index,
         tool=tool,
         proposed_args=args,
@@ -251,6 +263,25 @@ async def run_alone(
         result=run.result if run.ok else {"error": run.error},
         idempotency_key=idempotency_key(run_id, index),
     )
+    if run.at is not None:  # the effect's step finished (a call given up after its retries has no time)
+        approval_id = links.approval_id(run_id, index)
+        entry = AuditEntry(
+            entry_id=f"autonomous/{index}",
+            approval_id=approval_id,
+            run_id=run_id,
+            tenant=tenant,
+            kind="autonomous",
+            at=run.at,
+            details={
+                "tool": tool,
+                "args": args,
+                "outcome": action.outcome.value,
+                "policy_version": policy_version,
+                "idempotency_key": action.idempotency_key,
+            },
+        )
+        ctx.object_send(audit_append, key=approval_id, arg=entry)
+    return action
 
 
 class GatedCall(BaseModel):

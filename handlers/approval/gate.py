@@ -124,6 +124,7 @@ def freeze(
         context=list(context.facts) if context else [],
         context_error=context.error if context else None,
         trail=trail or [],
+        policy_version=verdict.version,
     )
 
 

@@ -125,7 +125,17 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="warn after N fast approvals in a row with no edit or rejection (default FATIGUE_STREAK, 50)",
     )
-    for sub in (pending, show, reassign, cancel, revoke, check, commands.choices["stats"]):
+    dials = []
+    for direction, what in (("graduate", "run without approval"), ("tighten", "need approval again")):
+        dial = commands.add_parser(
+            direction, help=f"print (or --write) the policy change that makes a tool's calls {what}"
+        )
+        dial.add_argument("tool")
+        dial.add_argument("--when", metavar="EXPR", help=f"only the calls where this CEL condition holds {what}")
+        dial.add_argument("--write", dest="out", type=Path, metavar="FILE", help="write the change to this policy file")
+        dials.append(dial)
+    dials[0].add_argument("--force", action="store_true", help="even without the trust ramp's graduation hint")
+    for sub in (pending, show, reassign, cancel, revoke, check, commands.choices["stats"], *dials):
         sub.add_argument("--json", action="store_true", help="machine-readable output")
     commands.add_parser(
         "decode",
@@ -191,6 +201,18 @@ def _operate(args: argparse.Namespace) -> int:
         return _out(args, ops.inbox_revoke(args.approver))
     if args.command == "stats":
         return _stats(args, ops)
+    if args.command in ("graduate", "tighten"):
+        change = ops.dial(args.command, args.tool, args.when, args.out, getattr(args, "force", False))
+        if args.json:
+            return _out(args, change)
+        sys.stdout.write(change["toml"])
+        if change["written"]:
+            print(
+                f"written to {change['written']}; the handlers apply it once they restart with "
+                f"APPROVALS_POLICY_FILE={change['written']}",
+                file=sys.stderr,
+            )
+        return 0
     if args.audit_command == "export":
         lines = list(ops.audit_export(args.run_id))
         text = "".join(f"{line}\n" for line in lines)
