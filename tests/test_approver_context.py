@@ -4,6 +4,7 @@ long text; how the emails show them (escaped, fenced), and that older records st
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from pydantic import BaseModel
 from support.injection import FORGED_LINES, our_lines_only, value_lines_outside_blocks
 from support.records import approval_record
 
+from handlers import textdiff as diff
 from handlers.approval.trail import MAX_STEPS, trail_of
 from handlers.contract import ActionRecord, ApprovalRecord, Fact, Outcome, TrailStep
 from handlers.mail.approval_email import approval_request
@@ -18,7 +20,6 @@ from handlers.settings import Settings
 from handlers.tools.context import MAX_FACTS, MAX_VALUE, _read, facts_of
 from handlers.tools.policy import ToolPolicy
 from handlers.tools.registry import EffectContext, Tool
-from handlers.web import diff
 
 SETTINGS = Settings(
     approvals_signing_keys="k1:" + "s" * 40,  # type: ignore[arg-type]
@@ -48,7 +49,10 @@ def read(context: Any, monkeypatch: pytest.MonkeyPatch, timeout: str = "5") -> A
 
     get_settings.cache_clear()
     try:
-        return asyncio.run(_read(tool(context), {"n": 1}, 0, "run-1", "default", "r@example.com"))
+        # In a thread of its own: Playwright's sync API may hold a running loop in this one.
+        with ThreadPoolExecutor(1) as pool:
+            reading = _read(tool(context), {"n": 1}, 0, "run-1", "default", "r@example.com")
+            return pool.submit(asyncio.run, reading).result(timeout=60)
     finally:
         get_settings.cache_clear()
 

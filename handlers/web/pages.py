@@ -18,12 +18,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from handlers import textdiff as diff
 from handlers.approval import confirm
 from handlers.contract import ActionRecord, ApprovalRecord, Decision, DecisionReceipt, RunStatus
 from handlers.security import links
 from handlers.security.links import LinkInvalid
 from handlers.settings import Settings
-from handlers.web import batch, diff, wording
+from handlers.web import batch, wording
 from handlers.web.runs_client import RunCallFailed, RunsClient
 from handlers.web.views import notice, page
 

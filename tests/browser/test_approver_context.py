@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from support.approver import wait_for_email
-from support.processes import Ingress, wait_until
+from support.processes import AppServer, Ingress, wait_until
 
 from browser.approval_page import ApprovalPage, open_email
 from browser.conftest import PHONE, ContextFactory, RefundStarter
@@ -84,7 +84,13 @@ def test_the_refund_facts_and_the_trail_on_the_page_and_in_the_email(
 
 
 def test_an_edited_email_body_shows_the_diff_before_it_decides(
-    ingress: Ingress, run_id: str, outbox_dir: Path, new_context: ContextFactory, screenshots: Path
+    app_server: AppServer,
+    ingress: Ingress,
+    run_id: str,
+    outbox_dir: Path,
+    new_context: ContextFactory,
+    screenshots: Path,
+    tmp_path: Path,
 ) -> None:
     task = {
         "goal": "Tell Ada her refund is coming",
@@ -118,6 +124,14 @@ def test_an_edited_email_body_shows_the_diff_before_it_decides(
     [action] = result["actions"]
     assert action["outcome"] == "approved_with_edits"
     assert action["args"]["body"] == typed, "exactly the reviewed text ran (line breaks as proposed)"
+
+    [receipt] = wait_for_email(outbox_dir, run_id, kind="receipt")
+    receipt_text = receipt.text.replace("\r\n", "\n")
+    assert "Your changes to body (2 removed, 2 added):" in receipt_text
+    fenced = "      | - It should arrive within 5 days.\n      | + It should arrive within 3 business days."
+    assert fenced in receipt_text, "every line of the texts is fenced"
+    shown = open_email(approval.page.context, receipt, tmp_path).inner_text("body")
+    assert "Your changes to body" in shown and "+ Kind regards," in shown and "- Best," in shown
 
 
 def test_facts_that_cannot_be_read_never_block_the_approval(

@@ -50,12 +50,12 @@ def line_diff(before: str, after: str) -> list[DiffLine]:
     return rows[:MAX_LINES]
 
 
-def changes(frozen: Mapping[str, Any], edits: Mapping[str, str]) -> list[FieldChange]:
+def changes(frozen: Mapping[str, Any], edits: Mapping[str, Any]) -> list[FieldChange]:
     """The long-text fields that `edits` change, each with its diff, in name order."""
     found = []
     for name in sorted(edits):
         old, new = frozen.get(name), edits[name]
-        if not isinstance(old, str) or old == new or not (_long(old) or _long(new)):
+        if not isinstance(old, str) or not isinstance(new, str) or old == new or not (_long(old) or _long(new)):
             continue
         lines = line_diff(old, new)
         added = sum(1 for r in lines if r.sign == "+")
