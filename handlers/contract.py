@@ -139,6 +139,25 @@ class Vote(BaseModel):
     reason: str | None = None
 
 
+class Fact(BaseModel):
+    """One labelled fact a tool's `context` function read for the approver (e.g. "Order total": "$612.40")."""
+
+    label: str
+    value: str
+
+
+class TrailStep(BaseModel):
+    """One earlier call of the run, as the approver sees it: what it was, how it ended, in short."""
+
+    index: int
+    tool: str
+    outcome: str
+    args: str = ""
+    """The call's arguments, shortened."""
+    result: str = ""
+    """Its result (or error), shortened."""
+
+
 class ApprovalRecord(BaseModel):
     """A frozen action waiting for (or past) a human decision. `digest` binds the exact arguments.
 
@@ -179,6 +198,10 @@ class ApprovalRecord(BaseModel):
     reason: str | None = None
     approved_by: list[str] = Field(default_factory=list)
     edits: dict[str, Any] | None = None
+    context: list[Fact] = Field(default_factory=list, description="facts the tool read when the call was frozen")
+    context_error: str | None = Field(default=None, description="why the tool's facts could not be read")
+    trail: list[TrailStep] = Field(default_factory=list, description="the run's earlier calls, before this one")
+    policy_version: str = Field(default="", description="the version of the tool's policy that gated the call")
 
     @property
     def nonce(self) -> str:

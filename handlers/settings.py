@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     resend_webhook_secret: str | None = None
     resend_api_url: str | None = None
     resend_timeout_seconds: float = Field(default=20.0, gt=0, le=50)
+    # A tool's `context` function (facts for the approver) is given up after this long: the
+    # approval goes out saying the facts could not be read.
+    tool_context_timeout_seconds: float = Field(default=5.0, gt=0, le=30)
     approvals_security_contact: str | None = Field(default=None, pattern=r"^[^@\s<>\"']{1,64}@[A-Za-z0-9.-]{1,190}$")
     restate_identity_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     countersign_journal_keys: SigningKeys = Field(default_factory=dict)
@@ -70,6 +73,10 @@ class Settings(BaseSettings):
     demo_db: Path = Path(".demo/business.db")
     agent_max_turns: int = Field(default=20, ge=1, le=200)
     trust_ramp_min_decisions: int = Field(default=20, ge=1)
+    # `stats`: a decision faster than this after the page was first opened counts as "fast"; this
+    # many fast, unedited approvals in a row by one approver is a warning that they stopped reading.
+    fatigue_reading_seconds: float = Field(default=5.0, gt=0, le=3600)
+    fatigue_streak: int = Field(default=50, ge=1, le=100_000)
     countersign_fault: str | None = None
     # Whom an operator may hand an approval to besides the tool's approvers and escalation chain:
     # addresses and `@domain` entries, comma-separated. Empty: only the policy's people.

@@ -36,8 +36,16 @@ collection = restate.Workflow("InvoiceCollection")
 @collection.main()
 async def run(ctx: restate.WorkflowContext, collect: Collect) -> Collected:
     invoice_id = ctx.key()
-    where = {"requester": collect.requester, "tenant": collect.tenant, "run_id": f"collect-{invoice_id}"}
-    lookup = await gated_call(ctx, tool="lookup_invoice", args={"invoice_id": invoice_id}, index=0, **where)
+    run_id = f"collect-{invoice_id}"
+    lookup = await gated_call(
+        ctx,
+        tool="lookup_invoice",
+        args={"invoice_id": invoice_id},
+        index=0,
+        requester=collect.requester,
+        tenant=collect.tenant,
+        run_id=run_id,
+    )
     if lookup.result is None or "error" in lookup.result:
         return Collected(invoice_id=invoice_id, outcome="failed", detail=lookup.result)
     invoice = lookup.result
@@ -48,7 +56,10 @@ async def run(ctx: restate.WorkflowContext, collect: Collect) -> Collected:
         why=f"invoice {invoice_id} is {invoice['days_overdue']} days overdue",
         goal=f"Collect invoice {invoice_id}",
         index=1,
-        **where,
+        requester=collect.requester,
+        tenant=collect.tenant,
+        run_id=run_id,
+        trail=[lookup],  # the approver sees the lookup (and its result) before the charge
     )
     return Collected(
         invoice_id=invoice_id,

@@ -99,7 +99,9 @@ async def handle_turn(book: RunBook, calls: list[ToolCall], answers: list[Policy
             )
             continue
         state = book.state
-        done[index] = await run_alone(book.ctx, call.name, args, state.run_id, index, state.tenant, state.requester)
+        done[index] = await run_alone(
+            book.ctx, call.name, args, state.run_id, index, state.tenant, state.requester, answer.verdict.version
+        )
     failure = None
     if gated:
         for result in await approve_and_act(book, gated):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -23,12 +23,16 @@ from handlers.approval import ledger
 from handlers.approval.gate import Act, GateResult, act_on_deferred, freeze
 from handlers.approval.rounds import Opening, open_round
 from handlers.approval.run_state import RunBook, RunFacts
+from handlers.approval.trail import trail_of
 from handlers.approval.waiting import Waiter, notify_batch
 from handlers.approval.workflow import ApprovalRequest
 from handlers.approval.workflow import run as approval_run
-from handlers.contract import EMAIL_PATTERN, NAME_PATTERN, ActionRecord, DecisionSource, Outcome
+from handlers.contract import EMAIL_PATTERN, NAME_PATTERN, ActionRecord, DecisionSource, Outcome, TrailStep
+from handlers.objects.audit import AuditEntry
+from handlers.objects.audit import append as audit_append
 from handlers.security import links
 from handlers.tools import default_registry
+from handlers.tools.context import read_context
 from handlers.tools.execute import idempotency_key, run_tool
 from handlers.tools.policy import PolicyError, PolicyVerdict, evaluate
 from handlers.tools.registry import Tool, validation_message
@@ -141,11 +145,26 @@ async def _approval(
     asked: _Asked,
     why: str,
     act: Act,
+    trail: Sequence[ActionRecord | TrailStep],
 ) -> GateResult:
     assert asked.verdict is not None and asked.opening is not None
     tool = default_registry().get(name)
     assert tool is not None
-    record = freeze(facts, tool, index, asked.args, why, asked.summary, asked.verdict, asked.opening)
+    context = await read_context(
+        ctx, name, asked.args, index, run_id=facts.run_id, tenant=facts.tenant, requester=facts.requester
+    )
+    record = freeze(
+        facts,
+        tool,
+        index,
+        asked.args,
+        why,
+        asked.summary,
+        asked.verdict,
+        asked.opening,
+        context=context,
+        trail=trail_of(trail),
+    )
     request = ApprovalRequest(record=record, policy=asked.verdict, goal=facts.goal, model=facts.model, act=act)
     return await ctx.workflow_call(approval_run, key=record.approval_id, arg=request)
 
@@ -161,6 +180,7 @@ async def request_approval(
     goal: str = "",
     run_id: str | None = None,
     index: int | None = None,
+    trail: Sequence[ActionRecord | TrailStep] = (),
 ) -> ApprovalOutcome:
     """Ask a person before `tool` runs with `args`, and wait (durably, for days if need be) for the
     decision. The policy of the tool decides whether to ask, whom, and how long to wait; nothing runs
@@ -176,7 +196,7 @@ async def request_approval(
     if asked.opening is None:
         return base.model_copy(update={"verdict": Outcome.AUTONOMOUS, "args": asked.args})
     facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
-    result = await _approval(ctx, facts, name, at, asked, why, act="report")
+    result = await _approval(ctx, facts, name, at, asked, why, act="report", trail=trail)
     action = result.action
     return base.model_copy(
         update={
@@ -202,6 +222,7 @@ async def gated_call(
     goal: str = "",
     run_id: str | None = None,
     index: int | None = None,
+    trail: Sequence[ActionRecord | TrailStep] = (),
 ) -> ActionRecord:
     """The whole gated action: policy, then (if it asks) the approval, the precondition re-check and
     the effect under its idempotency key `<run_id>/<index>`; the action's record (outcome, arguments as
@@ -213,17 +234,27 @@ async def gated_call(
             index=at, tool=name, proposed_args=dict(args), outcome=outcome, result={"error": asked.error}
         )
     if asked.opening is None:
-        return await run_alone(ctx, name, asked.args, where, at, tenant, requester)
+        version = asked.verdict.version if asked.verdict else ""
+        return await run_alone(ctx, name, asked.args, where, at, tenant, requester, version)
     facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
-    return (await _approval(ctx, facts, name, at, asked, why, act="execute")).action
+    return (await _approval(ctx, facts, name, at, asked, why, act="execute", trail=trail)).action
 
 
 async def run_alone(
-    ctx: restate.Context, tool: str, args: dict[str, Any], run_id: str, index: int, tenant: str, requester: str
+    ctx: restate.Context,
+    tool: str,
+    args: dict[str, Any],
+    run_id: str,
+    index: int,
+    tenant: str,
+    requester: str,
+    policy_version: str = "",
 ) -> ActionRecord:
-    """A call the policy lets run without a person, as one step of the caller's journal."""
+    """A call the policy lets run without a person, as one step of the caller's journal; its audit
+    trail (keyed like an approval, `<run_id>-a<index>`) gets one `autonomous` entry naming the policy
+    version that let it run alone."""
     run = await run_tool(ctx, tool, args, index, run_id=run_id, tenant=tenant, requester=requester)
-    return ActionRecord(
+    action = ActionRecord(
         index=index,
         tool=tool,
         proposed_args=args,
@@ -232,6 +263,25 @@ async def run_alone(
         result=run.result if run.ok else {"error": run.error},
         idempotency_key=idempotency_key(run_id, index),
     )
+    if run.at is not None:  # the effect's step finished (a call given up after its retries has no time)
+        approval_id = links.approval_id(run_id, index)
+        entry = AuditEntry(
+            entry_id=f"autonomous/{index}",
+            approval_id=approval_id,
+            run_id=run_id,
+            tenant=tenant,
+            kind="autonomous",
+            at=run.at,
+            details={
+                "tool": tool,
+                "args": args,
+                "outcome": action.outcome.value,
+                "policy_version": policy_version,
+                "idempotency_key": action.idempotency_key,
+            },
+        )
+        ctx.object_send(audit_append, key=approval_id, arg=entry)
+    return action
 
 
 class GatedCall(BaseModel):
@@ -254,12 +304,35 @@ async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateRes
     batch = [c.index for c in calls] if len(calls) > 1 else []
     now = calls[-1].opening.now
     records = []
+    state = book.state
+    trail = trail_of(state.actions)
     for call in calls:
         tool = default_registry().get(call.tool)
         assert tool is not None  # the turn validated every gated call against the loaded tools
         opening = Opening(nonce=call.opening.nonce, now=now)
+        context = await read_context(
+            book.ctx,
+            call.tool,
+            call.args,
+            call.index,
+            run_id=state.run_id,
+            tenant=state.tenant,
+            requester=state.requester,
+        )
         records.append(
-            freeze(book.state, tool, call.index, call.args, call.why, call.summary, call.verdict, opening, batch)
+            freeze(
+                state,
+                tool,
+                call.index,
+                call.args,
+                call.why,
+                call.summary,
+                call.verdict,
+                opening,
+                batch,
+                context=context,
+                trail=trail,
+            )
         )
     for record in records:
         book.state.approvals[record.approval_id] = record

@@ -21,10 +21,11 @@ from handlers.approval.rounds import Opening, closing, open_round
 from handlers.approval.run_state import RunBook, RunFacts
 from handlers.approval.verdict import Verdict, state_of
 from handlers.approval.waiting import Waiter, send_step, wait_all
-from handlers.contract import ActionRecord, ApprovalRecord, ApprovalState, Outcome
+from handlers.contract import ActionRecord, ApprovalRecord, ApprovalState, Outcome, TrailStep
 from handlers.mail.outcome_email import NoticeOutcome, send_outcome_notice
 from handlers.security import links
 from handlers.tools import default_registry
+from handlers.tools.context import ActionContext
 from handlers.tools.execute import idempotency_key, recheck, run_tool
 from handlers.tools.policy import PolicyVerdict
 from handlers.tools.registry import Tool
@@ -91,8 +92,12 @@ def freeze(
     verdict: PolicyVerdict,
     opening: Opening,
     batch: list[int] | None = None,
+    *,
+    context: ActionContext | None = None,
+    trail: list[TrailStep] | None = None,
 ) -> ApprovalRecord:
-    """The approval record of one gated call: pure, from the journaled policy answer and opening."""
+    """The approval record of one gated call: pure, from the journaled policy answer and opening,
+    the facts its tool read (`context`, journaled) and the run's earlier calls (`trail`)."""
     policy, now = verdict.policy, opening.now
     return ApprovalRecord(
         approval_id=links.approval_id(run.run_id, index),
@@ -116,6 +121,10 @@ def freeze(
         editable={n: rule.describe() for n, rule in tool.editable.items()} if policy.quorum == 1 else {},
         confirm_field=confirm.field_for(tool, verdict),
         batch=batch or [],
+        context=list(context.facts) if context else [],
+        context_error=context.error if context else None,
+        trail=trail or [],
+        policy_version=verdict.version,
     )
 
 

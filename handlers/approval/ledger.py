@@ -90,6 +90,10 @@ def requested(book: RunBook, record_: ApprovalRecord) -> None:
         deadline=record_.deadline,
         model=book.state.model,
         change_note=record_.change_note,
+        policy_version=record_.policy_version,
+        context=[f.model_dump() for f in record_.context],
+        context_error=record_.context_error,
+        trail=[t.model_dump() for t in record_.trail],
     )
 
 

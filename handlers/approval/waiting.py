@@ -72,7 +72,8 @@ class Waiter:
         final = self.count(verdict)
         if verdict.source == "human" and verdict.kind in ("approve", "reject"):
             name = f"email receipt #{self.record.index} round {verdict.round} slot {verdict.slot}"
-            await send_step(self.ctx, name, send_decision_receipt, self.record, verdict.slot, verdict.client)
+            args = (self.record, verdict.slot, verdict.client, verdict.edits)
+            await send_step(self.ctx, name, send_decision_receipt, *args)
         return final
 
     def conclude(self, final: Verdict) -> Verdict:

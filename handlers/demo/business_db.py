@@ -56,6 +56,8 @@ SEED_CUSTOMERS = [
     ("c_23", "Grace Hopper", "grace@example.com"),
     ("c_31", "Alan Turing", "alan@example.com"),
 ]
+# When each seeded customer became one (a column added after the first release: older files get it too).
+SEED_SINCE = {"c_17": "2019-03-14", "c_23": "2021-07-02", "c_31": "2024-11-20"}
 SEED_ORDERS = [
     (1042, "c_17", 61240, "paid"),
     (1043, "c_17", 8999, "paid"),
@@ -101,7 +103,14 @@ def _ensure_schema(conn: sqlite3.Connection) -> None:
     conn.executescript(SCHEMA)
     conn.execute("BEGIN IMMEDIATE")
     try:
+        columns = {row["name"] for row in conn.execute("PRAGMA table_info(customers)")}
+        if "customer_since" not in columns:
+            conn.execute("ALTER TABLE customers ADD COLUMN customer_since TEXT")
         conn.executemany("INSERT OR IGNORE INTO customers(id, name, email) VALUES (?, ?, ?)", SEED_CUSTOMERS)
+        conn.executemany(
+            "UPDATE customers SET customer_since = ? WHERE id = ? AND customer_since IS NULL",
+            [(since, cid) for cid, since in SEED_SINCE.items()],
+        )
         conn.executemany(
             "INSERT OR IGNORE INTO orders(id, customer_id, amount_cents, status) VALUES (?, ?, ?, ?)",
             SEED_ORDERS,

@@ -153,6 +153,30 @@ def refund_still_possible(args: IssueRefundArgs, ctx: EffectContext) -> str | No
     return None
 
 
+REFUND_WINDOW_DAYS = 90
+
+
+def refund_facts(args: IssueRefundArgs, ctx: EffectContext) -> dict[str, str]:
+    """What a finance approver wants beside a refund: the order, what was refunded, the customer."""
+    with connect(_db()) as db:
+        order = db.execute("SELECT * FROM orders WHERE id = ?", (args.order_id,)).fetchone()
+        if order is None:
+            return {"Order": f"{args.order_id} does not exist"}
+        customer = db.execute("SELECT * FROM customers WHERE id = ?", (order["customer_id"],)).fetchone()
+        since = time.time() - REFUND_WINDOW_DAYS * 86400
+        count, cents = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(r.amount_cents), 0) FROM refunds r JOIN orders o ON o.id = r.order_id"
+            " WHERE o.customer_id = ? AND r.created_at >= ?",
+            (order["customer_id"], since),
+        ).fetchone()
+    return {
+        "Order total": f"${order['amount_cents'] / 100:.2f}",
+        "Already refunded": f"${order['refunded_cents'] / 100:.2f}",
+        "Customer since": (customer["customer_since"] if customer else None) or "unknown",
+        f"Refunds in the last {REFUND_WINDOW_DAYS} days": f"{count} (${cents / 100:.2f}) for {order['customer_id']}",
+    }
+
+
 def customer_still_exists(args: DeleteCustomerArgs | EmailCustomerArgs, ctx: EffectContext) -> str | None:
     with connect(_db()) as db:
         customer = db.execute("SELECT deleted_at FROM customers WHERE id = ?", (args.customer_id,)).fetchone()
@@ -194,6 +218,7 @@ DEMO_TOOLS = [
         editable={"amount_usd": EditRule("decrease_only")},
         precondition=refund_still_possible,
         confirm_field="amount_usd",
+        context=refund_facts,
     ),
     Tool(
         name="delete_customer",

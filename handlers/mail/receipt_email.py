@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from handlers import textdiff
 from handlers.contract import ApprovalRecord
 from handlers.mail.deliver import deliver
 from handlers.mail.intent import intent_key, tags_for
@@ -19,8 +20,11 @@ from handlers.settings import Settings
 _VERBS = {"approve": ("approved", "approve"), "reject": ("rejected", "reject")}
 
 
-def decision_receipt(record: ApprovalRecord, slot: int, client: str, settings: Settings) -> OutgoingEmail:
-    """The receipt for the vote `slot` cast in the record's current round (approve or reject)."""
+def decision_receipt(
+    record: ApprovalRecord, slot: int, client: str, settings: Settings, edits: dict[str, str] | None = None
+) -> OutgoingEmail:
+    """The receipt for the vote `slot` cast in the record's current round (approve or reject); an
+    approval that changed a long text shows the diff of what the approver typed (`edits`)."""
     votes = [v for v in record.votes if v.slot == slot and v.round == record.round and v.kind in _VERBS]
     if not votes or not 0 <= slot < len(record.approvers):
         raise MailRejected(f"approval {record.approval_id} has no decision by slot {slot} in round {record.round}")
@@ -38,6 +42,7 @@ def decision_receipt(record: ApprovalRecord, slot: int, client: str, settings: S
         approver=record.approvers[slot],
         now=vote.at,
         pending=False,
+        changes=textdiff.changes(record.args, edits or {}) if vote.kind == "approve" else [],
     )
     return OutgoingEmail(
         kind="receipt",
@@ -51,5 +56,7 @@ def decision_receipt(record: ApprovalRecord, slot: int, client: str, settings: S
     )
 
 
-def send_decision_receipt(record: ApprovalRecord, slot: int, client: str = "") -> SendReceipt:
-    return deliver(partial(decision_receipt, record, slot, client))
+def send_decision_receipt(
+    record: ApprovalRecord, slot: int, client: str = "", edits: dict[str, str] | None = None
+) -> SendReceipt:
+    return deliver(partial(decision_receipt, record, slot, client, edits=edits))

@@ -33,6 +33,7 @@ AuditKind = Literal[
     "decided",
     "executed",
     "outcome",
+    "autonomous",
 ]
 GENESIS = "0" * 64
 

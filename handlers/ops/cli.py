@@ -16,7 +16,10 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from handlers.ops.operations import Operations
 
 
 def _bind(value: str) -> str:
@@ -45,6 +48,12 @@ def _operator() -> str:
         return f"cli:{getpass.getuser()}"
     except (KeyError, OSError):  # no login name (a container without a passwd entry)
         return "cli"
+
+
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of at least 1")
+    return int(value)
 
 
 def _duration(value: str) -> int:
@@ -98,8 +107,35 @@ def parser() -> argparse.ArgumentParser:
     check = audit_commands.add_parser("verify", help="detect changed, removed or reordered entries")
     check.add_argument("file", type=Path, nargs="?", help="an export (default: standard input)")
     check.add_argument("--offline", action="store_true", help="check the chains only, not against Restate")
-    commands.add_parser("stats", help="the trust ramp: per-tool decision figures")
-    for sub in (pending, show, reassign, cancel, revoke, check, commands.choices["stats"]):
+    stats = commands.add_parser(
+        "stats", help="the trust ramp and whether approvers still read: per-tool and per-approver figures"
+    )
+    stats.add_argument(
+        "--reviewers", action="store_true", help="only the per-approver figures (with --json: a list of approvers)"
+    )
+    stats.add_argument(
+        "--reading-time",
+        type=_duration,
+        metavar="AGE",
+        help="a decision faster than this after opening the page is fast (default FATIGUE_READING_SECONDS, 5s)",
+    )
+    stats.add_argument(
+        "--streak",
+        type=_positive,
+        metavar="N",
+        help="warn after N fast approvals in a row with no edit or rejection (default FATIGUE_STREAK, 50)",
+    )
+    dials = []
+    for direction, what in (("graduate", "run without approval"), ("tighten", "need approval again")):
+        dial = commands.add_parser(
+            direction, help=f"print (or --write) the policy change that makes a tool's calls {what}"
+        )
+        dial.add_argument("tool")
+        dial.add_argument("--when", metavar="EXPR", help=f"only the calls where this CEL condition holds {what}")
+        dial.add_argument("--write", dest="out", type=Path, metavar="FILE", help="write the change to this policy file")
+        dials.append(dial)
+    dials[0].add_argument("--force", action="store_true", help="even without the trust ramp's graduation hint")
+    for sub in (pending, show, reassign, cancel, revoke, check, commands.choices["stats"], *dials):
         sub.add_argument("--json", action="store_true", help="machine-readable output")
     commands.add_parser(
         "decode",
@@ -164,20 +200,19 @@ def _operate(args: argparse.Namespace) -> int:
     if args.command == "inbox":
         return _out(args, ops.inbox_revoke(args.approver))
     if args.command == "stats":
-        tools = ops.stats()["tools"]
-        columns = [
-            "tool",
-            "total",
-            "human_decisions",
-            "approval_rate",
-            "rejection_rate",
-            "edit_rate",
-            "expiry_rate",
-            "median_seconds_to_decision",
-            "p90_seconds_to_decision",
-            "graduation_hint",
-        ]
-        return _out(args, tools, columns)
+        return _stats(args, ops)
+    if args.command in ("graduate", "tighten"):
+        change = ops.dial(args.command, args.tool, args.when, args.out, getattr(args, "force", False))
+        if args.json:
+            return _out(args, change)
+        sys.stdout.write(change["toml"])
+        if change["written"]:
+            print(
+                f"written to {change['written']}; the handlers apply it once they restart with "
+                f"APPROVALS_POLICY_FILE={change['written']}",
+                file=sys.stderr,
+            )
+        return 0
     if args.audit_command == "export":
         lines = list(ops.audit_export(args.run_id))
         text = "".join(f"{line}\n" for line in lines)
@@ -193,6 +228,55 @@ def _operate(args: argparse.Namespace) -> int:
     else:
         print("\n".join(problems) if problems else "audit trail intact")
     return 1 if problems else 0
+
+
+_TRUST_COLUMNS = [
+    "tool",
+    "total",
+    "human_decisions",
+    "approval_rate",
+    "rejection_rate",
+    "edit_rate",
+    "expiry_rate",
+    "median_seconds_to_decision",
+    "p90_seconds_to_decision",
+    "graduation_hint",
+]
+_READING_COLUMNS = [
+    "name",
+    "decisions",
+    "approval_rate",
+    "rejection_rate",
+    "edit_rate",
+    "median_seconds_to_decide",
+    "p10_seconds_to_decide",
+    "fast_decisions",
+    "longest_streak",
+    "current_fast_streak",
+]
+
+
+def _stats(args: argparse.Namespace, ops: Operations) -> int:
+    """The trust ramp per tool, then how people decide (per tool, per approver) with any warning.
+    `--json` stays a list of the trust ramp's tools, each with its `fatigue` figures added."""
+    settings = ops.settings
+    reading = float(args.reading_time) if args.reading_time else settings.fatigue_reading_seconds
+    found = ops.fatigue(reading, args.streak or settings.fatigue_streak)
+    approvers = [row.model_dump(mode="json") for row in found.approvers]
+    if args.reviewers:
+        return _out(args, approvers, [*_READING_COLUMNS, "warning"])
+    tools = ops.stats()["tools"]
+    reading_of = {row.name: row.model_dump(mode="json") for row in found.tools}
+    if args.json:
+        return _out(args, [{**tool, "fatigue": reading_of.get(tool["tool"])} for tool in tools])
+    _out(args, tools, _TRUST_COLUMNS)
+    print(f"\nHow people decide, per tool (fast: under {reading:g} s from opening the page):")
+    _out(args, list(reading_of.values()), _READING_COLUMNS)
+    print("\nPer approver:")
+    _out(args, approvers, _READING_COLUMNS)
+    for warning in found.warnings:
+        print(f"\nwarning: {warning}")
+    return 0
 
 
 def _out(args: argparse.Namespace, data: Any, columns: Sequence[str] | None = None) -> int:

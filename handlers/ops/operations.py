@@ -18,7 +18,7 @@ import re
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import restate
@@ -26,9 +26,12 @@ import restate
 from handlers.approval.run_state import RunState, assemble
 from handlers.contract import EMAIL_PATTERN, CancelRequest, ReassignRequest
 from handlers.objects.audit import AuditLog, ChainedEntry, verify
+from handlers.ops.dial import DialRefused, graduate, table_in, tighten, write
+from handlers.ops.fatigue import Fatigue, fatigue
 from handlers.runtime.devstack import NO_JOURNAL_KEYS, journal_keys
 from handlers.security.codec import ENVELOPE, JournalCipher, JournalValueUnreadable
 from handlers.settings import Settings
+from handlers.tools.registry import Tool, load_tools
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -220,6 +223,58 @@ class Operations:
 
     def stats(self) -> dict[str, Any]:
         return dict(self._call("TrustRamp", None, "report", None))
+
+    def dial(
+        self, direction: Literal["graduate", "tighten"], tool: str, when: str | None, out: Path | None, force: bool
+    ) -> dict[str, Any]:
+        """The policy change of `graduate` / `tighten`, written to `out` if given. The current table is
+        `out`'s when it exists, else APPROVALS_POLICY_FILE's. `graduate` asks the trust ramp first."""
+        code = _code_tool(self.settings, tool)
+        table = table_in(out if out is not None and out.exists() else self.settings.approvals_policy_file, tool)
+        if direction == "graduate" and not force:
+            figures = next((t for t in self.stats()["tools"] if t.get("tool") == tool), None)
+            if not figures or not figures.get("graduation_hint"):
+                decided = figures.get("human_decisions", 0) if figures else 0
+                raise OperationError(
+                    f"the trust ramp has not suggested graduating {tool} ({decided} human decisions so far); "
+                    "pass --force to turn the dial anyway"
+                )
+        try:
+            change = (graduate if direction == "graduate" else tighten)(code, table, when)
+            if out is not None:
+                write(out, change)
+        except DialRefused as exc:
+            raise OperationError(str(exc)) from None
+        except OSError as exc:
+            raise OperationError(f"{out}: {exc.strerror or exc}") from None
+        return {
+            "tool": tool,
+            "summary": change.summary,
+            "policy_version_before": change.before,
+            "policy_version_after": change.after,
+            "table": change.table,
+            "toml": change.toml(),
+            "written": str(out) if out is not None else None,
+        }
+
+    def fatigue(self, reading_seconds: float, streak: int) -> Fatigue:
+        """Whether approvers still read, from every approval's audit trail (one read per approval)."""
+        entries = (entry for run in self.runs() for a in sorted(run.approvals) for entry in self.audit_log(a))
+        return fatigue(entries, reading_seconds=reading_seconds, streak_warning=streak)
+
+
+def _code_tool(settings: Settings, name: str) -> Tool:
+    """The tool as its code defines it (the policy file not applied)."""
+    from handlers.tools import DEMO_TOOLS
+
+    try:
+        tools = load_tools(list(settings.countersign_tools) or [DEMO_TOOLS])
+    except SystemExit as exc:
+        raise OperationError(str(exc)) from None
+    found = next((t for t in tools if t.name == name), None)
+    if found is None:
+        raise OperationError(f"no tool {name!r} is loaded (loaded: {', '.join(sorted(t.name for t in tools))})")
+    return found
 
 
 def run_of(approval_id: str) -> str:

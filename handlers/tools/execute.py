@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -32,6 +33,8 @@ class ToolRun(BaseModel):
     ok: bool
     result: dict[str, Any] | None = None
     error: str | None = None
+    at: float | None = None
+    """When the effect finished (journaled with it; None in older journals)."""
 
 
 def idempotency_key(run_id: str, index: int) -> str:
@@ -54,9 +57,9 @@ async def _effect(tool_name: str, args: dict[str, Any], ctx: EffectContext) -> T
         fail_point(f"fail-in-effect:{tool_name}", f"{tool_name} failed for {args}")
         result = await _call(tool.effect, tool.validate(args), ctx)
     except ToolError as exc:
-        return ToolRun(ok=False, error=str(exc))
+        return ToolRun(ok=False, error=str(exc), at=time.time())
     crash_point(f"crash-after-effect:{tool_name}")
-    return ToolRun(ok=True, result=result)
+    return ToolRun(ok=True, result=result, at=time.time())
 
 
 def effect_context(

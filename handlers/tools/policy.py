@@ -10,6 +10,8 @@ Conditions fail closed: a missing argument, a type error or an exception in a co
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 import operator
 import re
@@ -173,6 +175,8 @@ class PolicyVerdict(BaseModel):
     rule: str
     policy: ToolPolicy
     high_stakes: bool = False
+    version: str = ""
+    """`policy_version` of the tool's policy that gave this answer (empty in older journals)."""
 
 
 def evaluate(
@@ -184,7 +188,25 @@ def evaluate(
     gated = policy.gated and (policy.when is None or condition_holds(policy.when, args))
     high = policy.high_stakes and (policy.high_stakes_when is None or condition_holds(policy.high_stakes_when, args))
     resolved = _resolved(tool, policy, gated, ApproverContext(tool, args, requester, tenant))
-    return PolicyVerdict(gated=gated, rule=policy.describe(tool), policy=resolved, high_stakes=gated and high)
+    return PolicyVerdict(
+        gated=gated,
+        rule=policy.describe(tool),
+        policy=resolved,
+        high_stakes=gated and high,
+        version=policy_version(tool, policy),
+    )
+
+
+def policy_version(tool: str, policy: ToolPolicy) -> str:
+    """A short name of exactly this policy of `tool` (`p-` and 12 hex digits of a digest of its fields;
+    a condition or approvers in code by their function's name): it changes when the policy does, so
+    an audit entry can say which policy let a call run alone."""
+    plain = policy.model_dump(mode="json", exclude={"when", "high_stakes_when", "approvers_from"})
+    plain["when"] = None if policy.when is None else describe_condition(policy.when)
+    plain["high_stakes_when"] = None if policy.high_stakes_when is None else describe_condition(policy.high_stakes_when)
+    plain["approvers_from"] = None if policy.approvers_from is None else _name_of(policy.approvers_from, "code")
+    canonical = json.dumps({"tool": tool, "policy": plain}, sort_keys=True, separators=(",", ":"))
+    return "p-" + hashlib.sha256(b"countersign.policy.v1\x00" + canonical.encode()).hexdigest()[:12]
 
 
 def _resolved(tool: str, policy: ToolPolicy, gated: bool, context: ApproverContext) -> ToolPolicy:

@@ -66,6 +66,8 @@ class EffectContext:
 
 Effect: TypeAlias = Callable[[Any, EffectContext], dict[str, Any] | Awaitable[dict[str, Any]]]
 Precondition: TypeAlias = Callable[[Any, EffectContext], str | Awaitable[str | None] | None]
+ContextReader: TypeAlias = Callable[[Any, EffectContext], Mapping[str, Any] | Awaitable[Mapping[str, Any]]]
+"""Read-only: a few labelled facts for the approver of a proposed call (label -> value)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +91,9 @@ class Tool:
     """Checked right before execution; returns what changed in the world since approval, or None."""
     confirm_field: str | None = None
     """The argument an approver retypes to confirm a high-stakes call (else the fingerprint)."""
+    context: ContextReader | None = None
+    """Read-only facts that bear on the decision (label -> value), read once when a gated call is
+    frozen, bounded by TOOL_CONTEXT_TIMEOUT_SECONDS; shown to the approver and kept in the audit."""
 
     def __post_init__(self) -> None:
         problem = self._problem()
@@ -104,6 +109,8 @@ class Tool:
             return "args_model must be a pydantic BaseModel subclass"
         if not callable(self.effect):
             return "effect must be a function (args, ctx) -> dict"
+        if self.context is not None and not callable(self.context):
+            return "context must be a function (args, ctx) -> {label: value}"
         if not isinstance(self.policy, ToolPolicy):
             return "policy must be a ToolPolicy"
         fields = self.args_model.model_fields

@@ -18,6 +18,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from handlers import textdiff as diff
 from handlers.approval import confirm
 from handlers.contract import ActionRecord, ApprovalRecord, Decision, DecisionReceipt, RunStatus
 from handlers.security import links
@@ -167,13 +168,33 @@ class ApprovalPages:
             )
         if len(reason) > 2000:
             return notice(400, "Reason too long", "Keep the reason under 2000 characters. Nothing was decided.")
-        edits = {k.removeprefix("edit."): str(v).strip() for k, v in form.multi_items() if k.startswith("edit.")}
+        edits = {
+            k.removeprefix("edit."): diff.normalized(str(v)).strip()
+            for k, v in form.multi_items()
+            if k.startswith("edit.") and k.removeprefix("edit.") in record.editable
+        }
+        confirm_typed = str(form.get("confirm", ""))[:200]
+        changes = diff.changes(record.args, edits) if verdict == "approve" else []
+        # A long text changed: the approver sees the diff first; only the review's own form,
+        # carrying the fingerprint of exactly these edits, decides.
+        if changes and form.get("reviewed") != diff.marker(edits):
+            return page(
+                "review.html",
+                record=record,
+                changes=changes,
+                edits=edits,
+                csrf=str(form.get("csrf", "")),
+                marker=diff.marker(edits),
+                confirm=confirm_typed,
+                reason=reason,
+                back=f"{self.settings.approvals_public_url}/approvals/{token}",
+            )
         decision = Decision(
             token=token,
             verdict=verdict,
             reason=reason,
-            edits={k: v for k, v in edits.items() if k in record.editable},
-            confirm=str(form.get("confirm", ""))[:200],
+            edits=edits,
+            confirm=confirm_typed,
             client=request.headers.get("user-agent", "")[:300],
         )
         key = links.token_fingerprint(f"{token}|{decision.model_dump_json(exclude={'client'})}")

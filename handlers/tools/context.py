@@ -1,0 +1,99 @@
+"""Facts for the approver: a tool's read-only `context` function, run once when a gated call is frozen.
+
+Guarantee: the facts are read in one named journaled step (`context <tool> #<index>`), so a replay
+shows the approver exactly what was read the first time; the step never fails and never retries
+the reading: a function that raises, returns something that is not a mapping, or takes longer than
+TOOL_CONTEXT_TIMEOUT_SECONDS yields no facts and a reason instead ("the facts could not be read"),
+and the approval goes out as it would have without them. Labels and values are bounded in number
+and length; values are plain text (rendered, escaped, by the pages and emails).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel, Field
+from restate import Context, RunOptions, TerminalError
+
+from handlers.contract import Fact
+from handlers.errors import is_cancellation
+from handlers.security.redact import scrub
+from handlers.settings import get_settings
+from handlers.tools import default_registry
+from handlers.tools.execute import _call, effect_context
+from handlers.tools.registry import Tool
+
+MAX_FACTS = 12
+MAX_LABEL = 60
+MAX_VALUE = 300
+# The body below catches every failure of the user's function, so a retry could only repeat a
+# failure of our own (serialisation); one more attempt, then the approval goes out without facts.
+_CONTEXT_STEP = RunOptions[Any](max_attempts=2, initial_retry_interval=timedelta(milliseconds=100))
+
+
+class ActionContext(BaseModel):
+    """What the step journals: the facts, or why there are none."""
+
+    facts: list[Fact] = Field(default_factory=list)
+    error: str | None = None
+
+
+def _short(text: str, limit: int) -> str:
+    text = " ".join(text.split()) if limit <= MAX_LABEL else text
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def facts_of(value: Any) -> list[Fact]:
+    """The labelled facts of a context function's answer; ValueError when it is not a mapping."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"returned a {type(value).__name__}, not a mapping of label to value")
+    facts = [Fact(label=_short(str(k), MAX_LABEL), value=_short(_text(v), MAX_VALUE)) for k, v in value.items()]
+    return facts[:MAX_FACTS]
+
+
+async def _read(tool: Tool, raw: dict[str, Any], index: int, run_id: str, tenant: str, requester: str) -> ActionContext:
+    assert tool.context is not None
+    timeout = get_settings().tool_context_timeout_seconds
+    ctx = effect_context(run_id, index, tenant=tenant, requester=requester)
+    try:
+        answer = await asyncio.wait_for(_call(tool.context, tool.validate(raw), ctx), timeout)
+        return ActionContext(facts=facts_of(answer))
+    except TimeoutError:
+        return ActionContext(error=f"reading them took longer than {timeout:g} s")
+    except Exception as exc:  # the user's code failed: the approval goes out without its facts
+        first = (str(exc).splitlines() or [""])[0]
+        return ActionContext(error=scrub(_short(f"{type(exc).__name__}: {first}".rstrip(": "), MAX_VALUE)))
+
+
+async def read_context(
+    ctx: Context, tool_name: str, args: dict[str, Any], index: int, *, run_id: str, tenant: str, requester: str
+) -> ActionContext:
+    """The tool's facts for the approver of call `index`, as one step; nothing for a tool without
+    a `context` function (and then no step at all)."""
+    tool = default_registry().get(tool_name)
+    if tool is None or tool.context is None:
+        return ActionContext()
+
+    async def read() -> ActionContext:
+        return await _read(tool, args, index, run_id, tenant, requester)
+
+    try:
+        result: ActionContext = await ctx.run_typed(f"context {tool_name} #{index}", read, _CONTEXT_STEP)
+    except TerminalError as exc:
+        if is_cancellation(exc):
+            raise
+        return ActionContext(error=f"the step failed: {scrub(exc.message)}")
+    return result
