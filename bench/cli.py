@@ -35,7 +35,7 @@ from bench.plan import Plan, full_plan, quick_plan
 from bench.report import table, write
 from bench.stack import Stack
 from bench.steps import step_overhead
-from bench.subjects import Countersign, Floor
+from bench.subjects import Countersign, Floor, Library
 
 Scenario = Callable[[Driver], Awaitable[dict[str, Any]]]
 # Order matters: `steps` measures how many journal entries a model turn is, which `resume` and `crash`
@@ -132,15 +132,10 @@ async def _run(stack: Stack, plan: Plan, scenarios: tuple[str, ...]) -> dict[str
         ) as ingress,
         httpx.AsyncClient(timeout=plan.timeout, trust_env=False, limits=limits) as pages,
     ):
-        d = Driver(
-            stack,
-            plan,
-            ingress,
-            Countersign(stack.countersign, stack.outbox, stack.db_path, pages),
-            Floor(stack.floor, stack.markers, ingress),
-        )
+        agent = Countersign(stack.countersign, stack.outbox, stack.db_path, pages)
+        d = Driver(stack, plan, ingress, agent, Floor(stack.floor, stack.markers, ingress), Library(agent))
         stop = asyncio.Event()
-        watchers = [asyncio.create_task(s.watcher.run(stop)) for s in d.subjects]
+        watchers = [asyncio.create_task(w.run(stop)) for w in d.watchers]
         try:
             progress(f"warm-up: {plan.warmup} approval cycles per system")
             await warm_up(d)
@@ -148,7 +143,7 @@ async def _run(stack: Stack, plan: Plan, scenarios: tuple[str, ...]) -> dict[str
             for name in SCENARIOS:
                 if name in scenarios:
                     metrics.update(await SCENARIOS[name](d))
-            for subject in d.subjects:
+            for subject in d.pair:  # the library path shares the agent's outbox watcher
                 if subject.watcher.duplicates:
                     metrics.setdefault("anomalies", {})[f"{subject.name}_duplicate_notifications"] = (
                         subject.watcher.duplicates

@@ -76,7 +76,7 @@ def _check_refunds(d: Driver, outputs: dict[str, dict[str, Any]]) -> dict[str, i
 async def crash_recovery(d: Driver) -> dict[str, Any]:
     """Metric `crash_recovery`."""
     metric: dict[str, Any] = {}
-    for subject in d.subjects:
+    for subject in d.pair:
         progress(f"crash: {subject.name}, {d.plan.crash_runs} runs of {d.plan.crash_turns} turns, reference round")
         reference = await _round(d, subject, None)
         progress(f"crash: {subject.name}, kill -9 of the handler at {KILL_AT:.0%} of {reference['total_s']}s")

@@ -21,7 +21,8 @@ import httpx
 from bench.plan import Plan
 from bench.probes import CpuAccount
 from bench.stack import Stack
-from bench.subjects import BenchError, Countersign, Floor, Subject
+from bench.subjects import BenchError, Countersign, Floor, Library, Subject
+from bench.watch import MarkerWatcher
 
 T = TypeVar("T")
 _JSON = {"content-type": "application/json"}
@@ -34,12 +35,25 @@ class Driver:
     ingress: httpx.AsyncClient
     countersign: Countersign
     floor: Floor
+    library: Library
     prefix: str = field(default_factory=lambda: "b" + secrets.token_hex(3))
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     @property
-    def subjects(self) -> tuple[Subject, Subject]:
+    def subjects(self) -> tuple[Subject, ...]:
+        """Every system: the floor, the agent, the library path."""
+        return (self.floor, self.countersign, self.library)
+
+    @property
+    def pair(self) -> tuple[Subject, Subject]:
+        """The floor and the agent: the scenarios that measure the agent's own shape (steps per model
+        turn, resume after N turns, a crash mid-script) leave the library path out."""
         return (self.floor, self.countersign)
+
+    @property
+    def watchers(self) -> list[MarkerWatcher]:
+        """One per folder (the agent and the library path share the outbox)."""
+        return list({id(s.watcher): s.watcher for s in self.subjects}.values())
 
     def run_ids(self, subject: Subject, tag: str, count: int) -> list[str]:
         return [f"{self.prefix}-{tag}-{subject.name[:2]}-{next(self._ids)}" for _ in range(count)]

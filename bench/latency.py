@@ -1,7 +1,8 @@
 """Latency of the approval path, one run at a time: start -> notification handed over, approver's
 POST -> action done and recorded, and the same POST after long journals (resume after N model turns).
 
-Guarantee: the two systems are measured in alternating blocks of the same size, so load from other
+Guarantee: the systems (floor, agent, library path; resume: floor and agent) are measured in
+alternating blocks of the same size, so load from other
 processes on the machine hits both alike; CPU is accounted per block (the approver's page view before
 the timed POST is outside both the timing and the CPU figures); every run is checked to have
 completed with its action executed before its sample counts.
@@ -45,13 +46,13 @@ async def _approve_one(d: Driver, subject: Subject, run_id: str, approval: Appro
 
 
 async def approve_samples(
-    d: Driver, ids: dict[str, list[str]], accounts: dict[str, CpuAccount]
+    d: Driver, ids: dict[str, list[str]], accounts: dict[str, CpuAccount], subjects: tuple[Subject, ...]
 ) -> dict[str, list[tuple[float, float, float]]]:
-    """Approve every run, alternating blocks of the two systems; the page view is done before each block."""
-    samples: dict[str, list[tuple[float, float, float]]] = {s.name: [] for s in d.subjects}
-    blocks = {s.name: list(_blocks(ids[s.name], d.plan.block)) for s in d.subjects}
+    """Approve every run, alternating blocks of the systems; the page view is done before each block."""
+    samples: dict[str, list[tuple[float, float, float]]] = {s.name: [] for s in subjects}
+    blocks = {s.name: list(_blocks(ids[s.name], d.plan.block)) for s in subjects}
     for i in range(max(len(b) for b in blocks.values())):
-        for subject in d.subjects:
+        for subject in subjects:
             if i >= len(blocks[subject.name]):
                 continue
             prepared = [await subject.prepare(run_id) for run_id in blocks[subject.name][i]]
@@ -72,7 +73,7 @@ async def approval_path(d: Driver) -> dict[str, Any]:
     """Metrics `start_to_email` and `approve_to_done`."""
     n = d.plan.latency_samples
     ids = {s.name: d.run_ids(s, "lat", n) for s in d.subjects}
-    d.countersign.new_orders(ids["countersign"])
+    d.countersign.new_orders(ids["countersign"] + ids["library"])
     notify_cpu = {s.name: d.cpu(s) for s in d.subjects}
     notify: dict[str, list[float]] = {s.name: [] for s in d.subjects}
     blocks = {s.name: list(_blocks(ids[s.name], d.plan.block)) for s in d.subjects}
@@ -87,7 +88,7 @@ async def approval_path(d: Driver) -> dict[str, Any]:
     for subject in d.subjects:
         await d.wait_suspended(subject, ids[subject.name])
     approve_cpu = {s.name: d.cpu(s) for s in d.subjects}
-    approved = await approve_samples(d, ids, approve_cpu)
+    approved = await approve_samples(d, ids, approve_cpu, d.subjects)
 
     email_metric: dict[str, Any] = {}
     done_metric: dict[str, Any] = {}
@@ -103,17 +104,20 @@ async def approval_path(d: Driver) -> dict[str, Any]:
         }
     for metric, limit in ((email_metric, 2.0), (done_metric, 2.0)):
         metric["ratio_p50"] = ratio(metric["countersign"]["p50"], metric["floor"]["p50"])
+        metric["library_ratio_p50"] = ratio(metric["library"]["p50"], metric["floor"]["p50"])
         metric["target"] = f"countersign p50 <= {limit:g}x floor p50"
         metric["met"] = metric["ratio_p50"] <= limit
     email_metric["how"] = (
         "client clock before POST /<service>/<id>/run/send -> mtime of the notification file written inside the "
         "journaled mail step (Countersign: the outbox .eml; floor: a marker written the same way). Countersign "
-        "runs a one-step script whose refund is gated."
+        "runs a one-step script whose refund is gated; the library path (a user's workflow, BenchLibrary) calls "
+        "gated_call for the same refund. ratio_p50 is the agent's, library_ratio_p50 the library path's."
     )
     done_metric["how"] = (
         "client clock before the approver's POST (Countersign: the approval page's form, after an untimed page "
-        "view; floor: POST /BenchFloor/<id>/decide) -> the attach call returns the run's output; every run was "
-        "suspended before. to_action: -> the action's own timestamp (refund row created_at / journaled time)."
+        "view, for the agent and the library path alike; floor: POST /BenchFloor/<id>/decide) -> the attach "
+        "call returns the run's output; every run was suspended before. to_action: -> the action's own "
+        "timestamp (refund row created_at / journaled time)."
     )
     return {"start_to_email": email_metric, "approve_to_done": done_metric}
 
@@ -122,21 +126,21 @@ async def resume_after_turns(d: Driver) -> dict[str, Any]:
     """Metric `resume_after_turns`: approver POST -> done, after N model turns of journal."""
     result: dict[str, Any] = {}
     n = d.plan.resume_samples
-    ids = {turns: {s.name: d.run_ids(s, f"res{turns}", n) for s in d.subjects} for turns in d.plan.resume_turns}
+    ids = {turns: {s.name: d.run_ids(s, f"res{turns}", n) for s in d.pair} for turns in d.plan.resume_turns}
     progress(f"resume after {', '.join(map(str, d.plan.resume_turns))} turns: {n} runs each per system")
     for turns, by_system in ids.items():
         d.countersign.new_orders(by_system["countersign"])
-        for subject in d.subjects:
+        for subject in d.pair:
             tasks = {run_id: subject.waiting_task(run_id, turns) for run_id in by_system[subject.name]}
             await d.start_all(subject, tasks)
-    for subject in d.subjects:
+    for subject in d.pair:
         everyone = [run_id for by_system in ids.values() for run_id in by_system[subject.name]]
         await d.wait_notified(subject, everyone)
         await d.wait_suspended(subject, everyone)
     for turns, by_system in ids.items():
-        cpu = {s.name: d.cpu(s) for s in d.subjects}
-        approved = await approve_samples(d, by_system, cpu)
-        for subject in d.subjects:
+        cpu = {s.name: d.cpu(s) for s in d.pair}
+        approved = await approve_samples(d, by_system, cpu, d.pair)
+        for subject in d.pair:
             done = [sample[0] for sample in approved[subject.name]]
             entry = {**latency_summary(done), "cpu_ms_per_op": cpu[subject.name].ms_per_op(n)}
             result.setdefault(subject.name, {})[str(turns)] = entry

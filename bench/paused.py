@@ -2,7 +2,8 @@
 
 Guarantee: runs are started by a closed loop of `concurrency` workers (each starts a run and waits for
 its approval notification before starting the next), so the offered load is bounded. They run on a
-restate-server per system (both handler deployments registered), so a data dir holds nothing but
+restate-server per system (both handler deployments registered; the agent and the library path are
+two systems here, each on its own server), so a data dir holds nothing but
 one system's paused runs and what they caused; disk, Restate's own byte counts and memory are read only once
 every run of the batch is suspended, nothing else is in flight, and the data dir has stopped changing.
 """
@@ -22,7 +23,7 @@ from bench.driver import Driver, progress
 from bench.floor import SERVICE as FLOOR_SERVICE
 from bench.probes import disk_usage, rss_bytes
 from bench.stats import ratio
-from bench.subjects import Subject, now
+from bench.subjects import Countersign, Subject, now
 
 THROUGHPUT_TARGET = 0.5
 DISK_TARGET_BYTES = 8 * 1024
@@ -48,8 +49,8 @@ async def _closed_loop(d: Driver, subject: Subject, tasks: dict[str, dict[str, A
 
 
 def _task(d: Driver, subject: Subject, run_id: str) -> dict[str, Any]:
-    if subject is d.countersign:
-        return d.countersign.demo_task(run_id)
+    if isinstance(subject, Countersign):  # the agent, and the library path doing the same work
+        return subject.demo_task(run_id)
     return subject.waiting_task(run_id, 2)
 
 
@@ -87,12 +88,12 @@ async def _measure(d: Driver, drivers: dict[str, Driver]) -> dict[str, Any]:
 
     previous = 0
     for size in sizes:
-        for subject in (d.countersign, d.floor):
+        for subject in (d.countersign, d.library, d.floor):
             own = drivers[subject.name]
             batch = size - previous
             ids = d.run_ids(subject, f"p{size}", batch)
-            if subject is d.countersign:
-                d.countersign.new_orders(ids)
+            if isinstance(subject, Countersign):
+                subject.new_orders(ids)
             tasks = {run_id: _task(d, subject, run_id) for run_id in ids}
             progress(f"paused: {subject.name} +{batch} runs at concurrency {d.plan.concurrency} (to {size})")
             cpu = own.cpu(subject)
@@ -119,11 +120,13 @@ def _throughput(d: Driver, throughput: dict[str, Any]) -> dict[str, Any]:
     throughput["ratio"] = ratio(throughput["countersign"]["per_second"], throughput["floor"]["per_second"])
     throughput["target"] = f"countersign >= {THROUGHPUT_TARGET:.0%} of floor runs/s"
     throughput["met"] = throughput["ratio"] >= THROUGHPUT_TARGET
+    throughput["library_ratio"] = ratio(throughput["library"]["per_second"], throughput["floor"]["per_second"])
     throughput["how"] = (
         f"closed loop, {d.plan.concurrency} workers: start (run/send) then wait for the run's notification file; "
         "runs/s = runs / (first start -> last notification mtime), first paused batch. CPU per run covers start "
         "-> suspended. Countersign: the README demo run (look-up, then a gated refund); floor: steps of one "
-        "turn, notify, wait. Later batches' rates are in paused_cost points (batch_per_second)."
+        "turn, notify, wait; library: the same look-up and gated refund from BenchLibrary through gated_call (its "
+        "ratio: library_ratio). Later batches' rates are in paused_cost points (batch_per_second)."
     )
     return throughput
 
@@ -146,6 +149,9 @@ def _cost(d: Driver, sizes: tuple[int, ...], points: dict[str, list[dict[str, An
         ratio(cs["disk_bytes_per_run"], floor["disk_bytes_per_run"]) if floor["disk_bytes_per_run"] else None
     )
     cost["ratio_restate_bytes"] = ratio(cs["restate_bytes_per_run"], floor["restate_bytes_per_run"])
+    cost["library_ratio_restate_bytes"] = ratio(
+        cost["library"]["restate_bytes_per_run"], floor["restate_bytes_per_run"]
+    )
     cost["target"] = (
         f"countersign <= {DISK_TARGET_BYTES // 1024} KB of restate data per paused run; handler RSS flat "
         f"(<= {RSS_FLAT_FRACTION:.0%} growth from the first to the last size, or from idle with one size)"
@@ -157,8 +163,8 @@ def _cost(d: Driver, sizes: tuple[int, ...], points: dict[str, list[dict[str, An
         "the dir stopped changing; disk "
         "bytes per run = growth from the idle server / paused runs. restate_bytes = Restate's own count of "
         "journal bytes (sys_journal.raw_length) plus state bytes, of the system's services (Countersign: AgentRun "
-        "and the objects its runs notify). RSS growth: handler VmRSS at the last size vs the first (vs idle with "
-        "one size)."
+        "and the objects its runs notify; library: BenchLibrary, Approval and those objects). RSS growth: "
+        "handler VmRSS at the last size vs the first (vs idle with one size)."
     )
     return cost
 
@@ -189,7 +195,7 @@ async def _reading(d: Driver) -> dict[str, Any]:
         "disk_bytes": usage.allocated,
         "apparent_bytes": usage.apparent,
         "by_service": by_service,
-        "rss": {"countersign": rss_bytes(d.countersign.app.pid), "floor": rss_bytes(d.floor.app.pid)},
+        "rss": {s.name: rss_bytes(s.app.pid) for s in d.subjects},
         "rss_restate": rss_bytes(d.stack.restate.pid),
     }
 

@@ -17,11 +17,18 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 SYSTEMS = ("floor", "countersign")
-COLORS = {"floor": "#7f7f7f", "countersign": "#1f77b4"}
+COLORS = {"floor": "#7f7f7f", "countersign": "#1f77b4", "library": "#2ca02c"}
+LIBRARY = "library"
+"""The library path (a user's workflow calling the gate): measured where it has the agent's shape."""
+
+
+def _systems(metric: dict[str, Any]) -> tuple[str, ...]:
+    return (*SYSTEMS, LIBRARY) if LIBRARY in metric else SYSTEMS
 
 
 def headlines(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """metric -> {label, unit, floor, countersign, ratio, target, met}: the one line each metric is judged by."""
+    """metric -> {unit, floor, countersign, ratio, target, met, and where measured library, library_ratio}:
+    the one line each metric is judged by."""
     rows: dict[str, dict[str, Any]] = {}
     for name in ("start_to_email", "approve_to_done"):
         if name in metrics:
@@ -32,6 +39,9 @@ def headlines(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "countersign": [m["countersign"][k] for k in ("p50", "p90", "p99")],
                 "ratio": m["ratio_p50"],
             }
+            if LIBRARY in m:
+                rows[name][LIBRARY] = [m[LIBRARY][k] for k in ("p50", "p90", "p99")]
+                rows[name]["library_ratio"] = m["library_ratio_p50"]
     if "step_overhead" in metrics:
         m = metrics["step_overhead"]
         rows["step_overhead"] = {
@@ -48,6 +58,9 @@ def headlines(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "countersign": m["countersign"]["per_second"],
             "ratio": m["ratio"],
         }
+        if LIBRARY in m:
+            library = {LIBRARY: m[LIBRARY]["per_second"], "library_ratio": m["library_ratio"]}
+            rows["start_to_paused_throughput"] |= library
     if "paused_cost" in metrics:
         m = metrics["paused_cost"]
         rows["paused_cost"] = {
@@ -56,6 +69,11 @@ def headlines(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "countersign": [m["countersign"]["disk_bytes_per_run"], m["countersign"]["restate_bytes_per_run"]],
             "ratio": m["ratio_restate_bytes"],
         }
+        if LIBRARY in m:
+            rows["paused_cost"] |= {
+                LIBRARY: [m[LIBRARY]["disk_bytes_per_run"], m[LIBRARY]["restate_bytes_per_run"]],
+                "library_ratio": m["library_ratio_restate_bytes"],
+            }
     if "crash_recovery" in metrics:
         m = metrics["crash_recovery"]
         rows["crash_recovery"] = {
@@ -88,37 +106,51 @@ def _fmt(value: Any) -> str:
 
 
 def table(metrics: dict[str, Any]) -> str:
+    """The headline table (target and met judge the agent, `countersign`; `library` is the library path,
+    '-' where it is not measured), then CPU per operation."""
     lines = [
-        "| metric | unit | floor | countersign | ratio | target | met |",
-        "|---|---|---|---|---|---|---|",
+        "| metric | unit | floor | countersign | ratio | library | library ratio | target | met |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in headlines(metrics).items():
         lines.append(
             f"| {name} | {row['unit']} | {_fmt(row['floor'])} | {_fmt(row['countersign'])} | {_fmt(row['ratio'])} "
+            f"| {_fmt(row.get(LIBRARY))} | {_fmt(row.get('library_ratio'))} "
             f"| {row['target']} | {'yes' if row['met'] else 'NO'} |"
         )
-    lines += ["", "| CPU ms per operation | process | floor | countersign |", "|---|---|---|---|"]
+    lines += ["", "| CPU ms per operation | process | floor | countersign | library |", "|---|---|---|---|---|"]
     for name, m in metrics.items():
-        for op, floor_cpu, cs_cpu in _cpu_rows(name, m):
+        for op, floor_cpu, cs_cpu, lib_cpu in _cpu_rows(name, m):
             for proc in ("restate", "app"):
-                lines.append(f"| {op} | {proc} | {_fmt(floor_cpu[proc])} | {_fmt(cs_cpu[proc])} |")
+                lib = _fmt(lib_cpu[proc]) if lib_cpu else "-"
+                lines.append(f"| {op} | {proc} | {_fmt(floor_cpu[proc])} | {_fmt(cs_cpu[proc])} | {lib} |")
     return "\n".join(lines)
 
 
-def _cpu_rows(name: str, m: dict[str, Any]) -> list[tuple[str, dict[str, float], dict[str, float]]]:
+CpuRow = tuple[str, dict[str, float], dict[str, float], dict[str, float] | None]
+
+
+def _cpu_rows(name: str, m: dict[str, Any]) -> list[CpuRow]:
     if name in ("start_to_email", "approve_to_done", "start_to_paused_throughput"):
-        return [(name, m["floor"]["cpu_ms_per_op"], m["countersign"]["cpu_ms_per_op"])]
+        lib = m[LIBRARY]["cpu_ms_per_op"] if LIBRARY in m else None
+        return [(name, m["floor"]["cpu_ms_per_op"], m["countersign"]["cpu_ms_per_op"], lib)]
     if name == "step_overhead":
         return [
             (
                 f"{name} (per step; countersign per journaled step)",
                 m["floor"]["cpu_ms_per_step"],
                 m["countersign"]["cpu_ms_per_journaled_step"],
+                None,
             )
         ]
     if name == "resume_after_turns":
         return [
-            (f"{name} ({t} turns)", m["floor"][str(t)]["cpu_ms_per_op"], m["countersign"][str(t)]["cpu_ms_per_op"])
+            (
+                f"{name} ({t} turns)",
+                m["floor"][str(t)]["cpu_ms_per_op"],
+                m["countersign"][str(t)]["cpu_ms_per_op"],
+                None,
+            )
             for t in m["turns"]
         ]
     return []
@@ -135,7 +167,7 @@ def write(out: Path, meta: dict[str, Any], metrics: dict[str, Any]) -> None:
 
 
 def _ecdf(ax: Any, metric: dict[str, Any], title: str) -> None:
-    for system in SYSTEMS:
+    for system in _systems(metric):
         data = np.sort(np.asarray(metric[system]["samples"]))
         ax.step(
             data,
@@ -144,7 +176,8 @@ def _ecdf(ax: Any, metric: dict[str, Any], title: str) -> None:
             color=COLORS[system],
             label=f"{system} p50 {metric[system]['p50']:.1f} ms",
         )
-    ax.set_title(f"{title}\n(ratio of p50 {metric['ratio_p50']:.2f}x)")
+    library = f", library {metric['library_ratio_p50']:.2f}x" if LIBRARY in metric else ""
+    ax.set_title(f"{title}\n(ratio of p50 {metric['ratio_p50']:.2f}x{library})")
     ax.set_xlabel("ms")
     ax.set_ylabel("fraction of runs")
     ax.legend(loc="lower right")
@@ -197,8 +230,9 @@ def chart(metrics: dict[str, Any], path: Path, title: str) -> None:
     if "start_to_paused_throughput" in metrics:
         m = metrics["start_to_paused_throughput"]
         ax = next(panels)
-        ax.bar(list(SYSTEMS), [m[s]["per_second"] for s in SYSTEMS], color=[COLORS[s] for s in SYSTEMS])
-        for i, s in enumerate(SYSTEMS):
+        systems = _systems(m)
+        ax.bar(list(systems), [m[s]["per_second"] for s in systems], color=[COLORS[s] for s in systems])
+        for i, s in enumerate(systems):
             cpu = m[s]["cpu_ms_per_op"]
             ax.annotate(
                 f"{m[s]['per_second']:.0f}/s\nCPU/run: restate {cpu['restate']:.1f} ms,\napp {cpu['app']:.1f} ms",
@@ -213,7 +247,7 @@ def chart(metrics: dict[str, Any], path: Path, title: str) -> None:
     if "paused_cost" in metrics:
         m = metrics["paused_cost"]
         ax = next(panels)
-        for system in SYSTEMS:
+        for system in _systems(m):
             pts = m[system]["points"]
             ax.plot(
                 [p["paused"] for p in pts],

@@ -1,4 +1,5 @@
-"""The processes under test: one restate-server, the Countersign handlers and the floor's handlers.
+"""The processes under test: one restate-server, the Countersign handlers (with the bench's own
+library-path workflow served beside them) and the floor's handlers.
 
 Guarantee: all three bind 127.0.0.1 on free ports, run the committed `restate.toml` and
 `handlers/runtime/hypercorn.toml` (with the test suite's loopback overrides, and the partition count and RocksDB budget
@@ -16,7 +17,9 @@ from pathlib import Path
 
 from support.processes import RESTATE_CONFIG, AppServer, RestateServer, free_port, make_app_env
 
+from bench import REPO
 from bench.floor import MARKERS_ENV
+from bench.library_subject import SPEC as LIBRARY_SPEC
 
 INACTIVITY_TIMEOUT = "2s"
 """How long an invocation waiting on a promise stays in the handler before it suspends (1m in production)."""
@@ -57,6 +60,9 @@ class Stack:
             "APPROVALS_PUBLIC_URL": f"http://127.0.0.1:{port}",
             # Long scripts (100 steps for the resume figure) plus the answering turn.
             "AGENT_MAX_TURNS": "200",
+            # The library path: a user's own workflow calling the gate, served beside Countersign's.
+            "COUNTERSIGN_SERVICES": LIBRARY_SPEC,
+            "PYTHONPATH": str(REPO),
         }
         countersign = AppServer.start(env=env, port=port, log_path=work / "countersign.log")
         cleanup.callback(countersign.stop)

@@ -45,13 +45,13 @@ def _per_step(low: dict[str, int], high: dict[str, int], steps: int) -> dict[str
 async def step_overhead(d: Driver) -> dict[str, Any]:
     """Metric `step_overhead`; also sets the floor's steps per model turn from the journal."""
     counts = sorted(d.plan.step_counts)
-    latencies: dict[str, dict[int, list[float]]] = {s.name: {n: [] for n in counts} for s in d.subjects}
-    accounts: dict[str, dict[int, CpuAccount]] = {s.name: {n: d.cpu(s) for n in counts} for s in d.subjects}
+    latencies: dict[str, dict[int, list[float]]] = {s.name: {n: [] for n in counts} for s in d.pair}
+    accounts: dict[str, dict[int, CpuAccount]] = {s.name: {n: d.cpu(s) for n in counts} for s in d.pair}
     last_id: dict[tuple[str, int], str] = {}
     progress(f"step overhead: {counts} steps, {d.plan.step_samples} runs each per system")
     for n in counts:
         for _ in range(d.plan.step_samples):
-            for subject in d.subjects:
+            for subject in d.pair:
                 [run_id] = d.run_ids(subject, f"st{n}", 1)
                 task = subject.steps_task(run_id, n)
                 with accounts[subject.name][n].block():
@@ -61,7 +61,7 @@ async def step_overhead(d: Driver) -> dict[str, Any]:
                 last_id[(subject.name, n)] = run_id
 
     metric: dict[str, Any] = {"steps": counts}
-    for subject in d.subjects:
+    for subject in d.pair:
         metric[subject.name] = _line(subject, counts, latencies[subject.name], accounts[subject.name])
     low, high = counts[0], counts[-1]
     journal_low = await _journal_counts(d, d.countersign.service, last_id[("countersign", low)])

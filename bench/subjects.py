@@ -1,4 +1,5 @@
-"""The two systems measured side by side, behind one interface: Countersign and the bare floor.
+"""The systems measured side by side, behind one interface: Countersign's agent, the library path
+(a user's own workflow calling the gate) and the bare floor.
 
 Guarantee: both are driven only through their public surfaces (the Restate ingress, the approval
 page, the outbox and the business database for Countersign; the ingress and marker files for the
@@ -24,6 +25,7 @@ from support.approver import CSRF, ApprovalEmail
 from support.processes import AppServer
 
 from bench.floor import SERVICE as FLOOR_SERVICE
+from bench.library_subject import SERVICE as LIBRARY_SERVICE
 from bench.watch import MarkerWatcher, approval_email_run, floor_marker_run
 from handlers.demo.business_db import connect, transaction
 from handlers.security.codec import JournalCipher
@@ -202,6 +204,44 @@ class Countersign:
                 ).fetchone()
                 found[run_id] = (int(rows), int(cents))
         return found
+
+
+class Library(Countersign):
+    """A user's own workflow (`bench.library_subject`) gating the refund through `gated_call`: same app,
+    same outbox, orders and business database as the agent, so it shares the agent's outbox watcher
+    (two watchers moving files out of one folder would steal each other's)."""
+
+    name = "library"
+    service = LIBRARY_SERVICE
+
+    def __init__(self, agent: Countersign) -> None:
+        self.app = agent.app
+        self.watcher = agent.watcher
+        self.db_path = agent.db_path
+        self.client = agent.client
+        self.origin = agent.origin
+        self.codec = agent.codec
+        self._orders = agent._orders
+        self._gated_index = {}
+        self._next_order = agent._next_order
+
+    def waiting_task(self, run_id: str, turns: int) -> dict[str, Any]:
+        """`turns - 1` autonomous look-ups through the gate, then the refund it gates."""
+        self._gated_index[run_id] = turns - 1
+        return {
+            "order_id": self._order(run_id),
+            "amount_usd": GATED_AMOUNT,
+            "requester": REQUESTER,
+            "lookups": turns - 1,
+            "why": "Benchmark refund.",
+        }
+
+    def demo_task(self, run_id: str) -> dict[str, Any]:
+        """Like the agent's demo run: a look-up, then the gated refund."""
+        return self.waiting_task(run_id, 2)
+
+    def steps_task(self, run_id: str, steps: int) -> dict[str, Any]:
+        raise BenchError("the library path is not measured per step (its look-ups are the caller's own steps)")
 
 
 class Floor:

@@ -1,4 +1,5 @@
-"""`python -m bench --quick` runs end to end and produces every figure (no speed is asserted).
+"""`python -m bench --quick` runs end to end and produces every figure (no speed is asserted), for the
+floor, the agent and the library path (a user's workflow calling `gated_call`) where it is measured.
 
 The bench starts its own restate-server and handler processes; this test runs it as a subprocess
 into a temporary folder and checks the files and the numbers it wrote, then that it left no process.
@@ -29,6 +30,8 @@ ALL_METRICS = (
 )
 PERCENTILES = ("p50", "p90", "p99")
 PROCESSES = ("restate", "app")
+LIBRARY_METRICS = (*LATENCY_METRICS, "start_to_paused_throughput", "paused_cost")
+"""Where the library path (a user's workflow calling the gate) is measured beside the agent."""
 
 
 def numbers(value: Any) -> list[float]:
@@ -99,10 +102,18 @@ def test_quick_bench_produces_every_metric(tmp_path: Path) -> None:
         assert numbers(row["countersign"]) and numbers(row["floor"]), name
         assert all(n >= 0 for n in numbers([row["countersign"], row["floor"], row["ratio"]])), (name, row)
 
+    for name in LIBRARY_METRICS:
+        row = headline[name]
+        assert numbers(row["library"]) and row["library_ratio"] > 0, (name, row)
     for name in LATENCY_METRICS:
-        for system in ("floor", "countersign"):
+        for system in ("floor", "countersign", "library"):
             assert_latency(metrics[name][system], f"{name}.{system}")
             assert_cpu(metrics[name][system]["cpu_ms_per_op"], f"{name}.{system}")
+        assert_latency(metrics["approve_to_done"]["library"]["to_action"], "approve_to_done.library.to_action")
+    library = metrics["start_to_paused_throughput"]["library"]
+    assert library["per_second"] > 0 and library["runs"] > 0
+    assert_cpu(library["cpu_ms_per_op"], "start_to_paused_throughput.library")
+    assert metrics["paused_cost"]["library"]["restate_bytes_per_run"] > 0
     for system in ("floor", "countersign"):
         assert_latency(metrics["approve_to_done"][system]["to_action"], f"approve_to_done.{system}.to_action")
         for turns in metrics["resume_after_turns"]["turns"]:
