@@ -40,6 +40,7 @@ BOTH_PROTOCOLS = frozenset(
         "test_operations",
         "test_security_ingress",
         "test_own_tools",
+        "test_pydantic_ai",
         "test_serverless",
     }
 )

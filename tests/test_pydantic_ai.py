@@ -1,0 +1,192 @@
+"""A Pydantic AI agent wrapped in RestateAgent and served beside Countersign gates its tools through the
+gate: the call is emailed, the run suspends, the approver decides on the page, and the agent hears the
+answer as Pydantic AI's own ToolApproved / ToolDenied. The model is Pydantic AI's FunctionModel,
+scripted by the test's prompt (no network); the tools are the demo's, with their policies."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.approver import form_csrf, submit, wait_for_email
+from support.business import new_order, refunds_for
+from support.processes import IsolatedStack, StackFactory, wait_until
+
+AGENT_MODULE = '''
+import json
+from typing import Any
+
+import restate
+from pydantic import BaseModel
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.messages import UserPromptPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from restate.ext.pydantic import RestateAgent
+
+from handlers.integrations.pydantic_ai import Countersign, CountersignToolset
+
+
+def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """First turn: the calls the prompt lists. Then: report every tool result it saw, as JSON."""
+    [prompt] = [p.content for m in messages if isinstance(m, ModelRequest) for p in m.parts
+                if isinstance(p, UserPromptPart)]
+    task = json.loads(str(prompt))
+    seen = [{"tool": p.tool_name, "content": p.content} for m in messages if isinstance(m, ModelRequest)
+            for p in m.parts if isinstance(p, ToolReturnPart)]
+    if not seen:
+        calls = [ToolCallPart(c["tool"], c["args"], tool_call_id=f"call-{i}") for i, c in enumerate(task["calls"])]
+        return ModelResponse(parts=[TextPart(task["why"]), *calls])
+    return ModelResponse(parts=[TextPart(json.dumps(seen))])
+
+
+agent = RestateAgent(
+    Agent(FunctionModel(script), toolsets=[CountersignToolset(["lookup_order", "issue_refund", "email_customer"])])
+)
+
+
+class Task(BaseModel):
+    calls: list[dict[str, Any]]
+    why: str = "the parcel arrived broken"
+
+
+support = restate.Workflow("PydanticSupport")
+
+
+@support.main()
+async def run(ctx: restate.WorkflowContext, task: Task) -> dict[str, Any]:
+    gate = Countersign(requester="alice@example.com", run_id=ctx.key())
+    result = await agent.run(task.model_dump_json(), capabilities=[gate])
+    return {"seen": json.loads(result.output), "outcomes": [o.model_dump(mode="json") for o in gate.outcomes]}
+
+
+served = [support]
+'''
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pydantic-project")
+    (root / "helpdesk").mkdir()
+    (root / "helpdesk" / "__init__.py").write_text("")
+    (root / "helpdesk" / "agent.py").write_text(textwrap.dedent(AGENT_MODULE))
+    (root / "policy.toml").write_text("[tools.email_customer]\ndeadline_seconds = 2\n")
+    return root
+
+
+@pytest.fixture()
+def stack(isolated_stack: StackFactory, project: Path) -> Iterator[IsolatedStack]:
+    yield isolated_stack(
+        app_env={
+            "COUNTERSIGN_SERVICES": "helpdesk.agent:served",
+            "PYTHONPATH": str(project),
+            "APPROVALS_POLICY_FILE": str(project / "policy.toml"),
+        }
+    )
+
+
+def refund(order: int, amount: str) -> dict[str, Any]:
+    return {"tool": "issue_refund", "args": {"order_id": order, "amount_usd": amount, "reason": "damaged"}}
+
+
+def start(stack: IsolatedStack, run_id: str, calls: list[dict[str, Any]]) -> None:
+    started = stack.ingress.post_json(f"/PydanticSupport/{run_id}/run/send", {"calls": calls})
+    assert started.status_code == 202, started.text
+
+
+def finish(stack: IsolatedStack, run_id: str, timeout: float = 60) -> dict[str, Any]:
+    answer = stack.ingress.wait_output_of("PydanticSupport", run_id, timeout=timeout)
+    assert answer.status_code == 200, answer.text
+    output: dict[str, Any] = answer.json()
+    return output
+
+
+def test_an_approved_refund_runs_once_with_the_approved_arguments(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 90000)
+    lookup = {"tool": "lookup_order", "args": {"order_id": order}}
+    start(stack, "pyd-approve", [lookup, refund(order, "800.00")])
+    [mail] = wait_for_email(stack.outbox_dir, "pyd-approve")
+    assert "Refund $800.00 to order" in mail.text and "the parcel arrived broken" in mail.text
+    assert refunds_for(stack.db_path, "pyd-approve") == [], "nothing runs before the approval"
+    assert submit(mail.link, "approve").status_code == 200
+
+    output = finish(stack, "pyd-approve")
+    # The lookup's policy does not gate it: it ran without an email, in the caller's journal (index 0).
+    assert [(o["verdict"], o["index"]) for o in output["outcomes"]] == [("autonomous", 0), ("approved", 1)]
+    assert refunds_for(stack.db_path, "pyd-approve") == [("pyd-approve/1", order, 80000)]
+    [looked, refunded] = output["seen"]
+    assert looked["tool"] == "lookup_order" and looked["content"]["order_id"] == order
+    assert refunded["tool"] == "issue_refund" and refunded["content"]["amount_usd"] == "800.00"
+    assert len(list(stack.outbox_dir.glob("approval-request_*.eml"))) == 1
+
+
+def test_an_edited_amount_is_what_runs_and_what_the_model_sees(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 90000)
+    start(stack, "pyd-edit", [refund(order, "800.00")])
+    [mail] = wait_for_email(stack.outbox_dir, "pyd-edit")
+    assert submit(mail.link, "approve", edits={"amount_usd": "650.00"}).status_code == 200
+
+    output = finish(stack, "pyd-edit")
+    [outcome] = output["outcomes"]
+    assert outcome["verdict"] == "approved_with_edits" and outcome["args"]["amount_usd"] == "650.00"
+    assert refunds_for(stack.db_path, "pyd-edit") == [("pyd-edit/0", order, 65000)]
+    [seen] = output["seen"]
+    assert seen["content"]["amount_usd"] == "650.00"
+
+
+def test_a_rejection_reaches_the_model_with_the_approvers_reason(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 90000)
+    start(stack, "pyd-reject", [refund(order, "700.00")])
+    [mail] = wait_for_email(stack.outbox_dir, "pyd-reject")
+    assert submit(mail.link, "reject", reason="already refunded by phone").status_code == 200
+
+    output = finish(stack, "pyd-reject")
+    [seen] = output["seen"]
+    assert seen["tool"] == "issue_refund"
+    assert (
+        seen["content"] == "Rejected by the approver: already refunded by phone. Do not propose this exact call again."
+    )
+    assert refunds_for(stack.db_path, "pyd-reject") == []
+
+
+def test_a_passed_deadline_is_a_denial_that_says_so(stack: IsolatedStack) -> None:
+    new_order(stack.db_path, 100)  # the business database exists
+    email = {"tool": "email_customer", "args": {"customer_id": "c_17", "subject": "Sorry", "body": "We are sorry."}}
+    start(stack, "pyd-expire", [email])
+    [mail] = wait_for_email(stack.outbox_dir, "pyd-expire")
+    csrf = form_csrf(mail.link)
+
+    output = finish(stack, "pyd-expire")
+    [seen] = output["seen"]
+    assert seen["content"].startswith("Not run: the approval expired before anyone decided (")
+    assert "deadline passed" in seen["content"]
+    assert output["outcomes"][0]["decision_source"] == "deadline_default"
+    late = submit(mail.link, "approve", csrf=csrf)
+    assert late.status_code == 409 and "expired" in late.text
+
+
+def statuses(stack: IsolatedStack, key: str) -> set[str]:
+    rows = stack.restate.invocation_statuses(service="PydanticSupport", key=key)
+    return {row["status"] for row in rows if row["target_handler_name"] == "run"}
+
+
+@pytest.mark.slow
+def test_kill9_of_the_handler_while_pending_then_approve_runs_the_effect_once(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 100000)
+    start(stack, "pyd-kill", [refund(order, "800.00")])
+    [mail] = wait_for_email(stack.outbox_dir, "pyd-kill")
+    csrf = form_csrf(mail.link)
+
+    stack.app.kill9()
+    wait_until(lambda: statuses(stack, "pyd-kill") & {"suspended", "backing-off"}, 30, "the run to park")
+    stack.app.restart()
+    assert submit(mail.link, "approve", csrf=csrf).status_code == 200
+
+    output = finish(stack, "pyd-kill")
+    assert output["outcomes"][0]["verdict"] == "approved"
+    assert output["seen"][0]["content"]["amount_usd"] == "800.00"
+    assert refunds_for(stack.db_path, "pyd-kill") == [("pyd-kill/0", order, 80000)]
+    assert len(list(stack.outbox_dir.glob("approval-request_*.eml"))) == 1, "asked once, across the crash"
