@@ -5,7 +5,10 @@ scripted by the test's prompt (no network); the tools are the demo's, with their
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,9 @@ from typing import Any
 import pytest
 from support.approver import form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import IsolatedStack, StackFactory, wait_until
+from support.processes import REPO, IsolatedStack, StackFactory, wait_until
+
+from examples.billing.fake_payments import FakePayments
 
 AGENT_MODULE = '''
 import json
@@ -190,3 +195,75 @@ def test_kill9_of_the_handler_while_pending_then_approve_runs_the_effect_once(st
     assert output["seen"][0]["content"]["amount_usd"] == "800.00"
     assert refunds_for(stack.db_path, "pyd-kill") == [("pyd-kill/0", order, 80000)]
     assert len(list(stack.outbox_dir.glob("approval-request_*.eml"))) == 1, "asked once, across the crash"
+
+
+def test_parallel_gated_calls_are_asked_one_after_the_other_each_with_its_own_answer(stack: IsolatedStack) -> None:
+    first, second = new_order(stack.db_path, 90000), new_order(stack.db_path, 90000)
+    start(stack, "pyd-two", [refund(first, "800.00"), refund(second, "600.00")])
+    [mail] = wait_for_email(stack.outbox_dir, "pyd-two")
+    assert f"to order {first}" in mail.text, "the model's first call is asked first"
+    assert submit(mail.link, "approve").status_code == 200
+    [_, later] = wait_for_email(stack.outbox_dir, "pyd-two", count=2)
+    assert f"to order {second}" in later.text
+    assert submit(later.link, "reject", reason="one refund is enough").status_code == 200
+
+    output = finish(stack, "pyd-two")
+    assert [(o["verdict"], o["index"]) for o in output["outcomes"]] == [("approved", 0), ("rejected", 1)]
+    assert refunds_for(stack.db_path, "pyd-two") == [("pyd-two/0", first, 80000)]
+    assert [s["content"] if isinstance(s["content"], str) else "ran" for s in output["seen"]] == [
+        "ran",
+        "Rejected by the approver: one refund is enough. Do not propose this exact call again.",
+    ]
+
+
+def test_the_adapter_without_the_extra_names_the_extra_to_install() -> None:
+    code = (
+        "import sys; sys.modules['pydantic_ai'] = None\n"
+        "import handlers, handlers.integrations\n"
+        "try:\n    import handlers.integrations.pydantic_ai\n"
+        "except ImportError as exc:\n    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'countersign[pydantic-ai]'" in done.stdout
+
+
+@pytest.fixture()
+def payments() -> Iterator[FakePayments]:
+    server = FakePayments()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_the_example_agent_collects_an_invoice_after_the_account_manager_lowers_the_charge(
+    isolated_stack: StackFactory, payments: FakePayments
+) -> None:
+    billing = isolated_stack(
+        app_env={
+            "COUNTERSIGN_TOOLS": "examples.billing.tools:TOOLS",
+            "COUNTERSIGN_SERVICES": "examples.pydantic_agent.agent:services",
+            "APPROVALS_POLICY_FILE": str(REPO / "examples/billing/policy.toml"),
+            "ACME_PAYMENTS_URL": payments.url,
+            "ACME_AGENT_MODEL": "scripted",
+            "PYTHONPATH": str(REPO),
+        }
+    )
+    started = billing.ingress.post_json("/AgentCollection/inv_1001/run/send", {"requester": "alice@acme.example"})
+    assert started.status_code == 202, started.text
+    [mail] = wait_for_email(billing.outbox_dir, "agent-inv_1001")
+    assert mail.message["To"] == "ops@acme.example", "the billing example's policy, unchanged"
+    assert "Charge $420.00 to card_visa42 for inv_1001" in mail.text and "12 days overdue" in mail.text
+    assert [r for r in payments.requests if r[0] == "POST"] == []
+    assert submit(mail.link, "approve", edits={"amount_usd": "400.00"}).status_code == 200
+
+    output = billing.ingress.wait_output_of("AgentCollection", "inv_1001", timeout=60).json()
+    assert [o["verdict"] for o in output["outcomes"]] == ["autonomous", "approved_with_edits"]
+    assert [(r[1], r[2]) for r in payments.requests if r[0] == "POST"] == [("/charges", "agent-inv_1001/1")]
+    assert payments.charges["agent-inv_1001/1"]["amount_usd"] == "400.00"
+    assert output["summary"].startswith("charge_card: ") and '"approved_by": ["ops@acme.example"]' in output["summary"]
