@@ -48,9 +48,16 @@ def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     return ModelResponse(parts=[TextPart(json.dumps(seen))])
 
 
-agent = RestateAgent(
-    Agent(FunctionModel(script), toolsets=[CountersignToolset(["lookup_order", "issue_refund", "email_customer"])])
-)
+inner = Agent(FunctionModel(script), toolsets=[CountersignToolset(["lookup_order", "issue_refund", "email_customer"])])
+
+
+@inner.tool_plain
+def note(text: str) -> dict[str, str]:
+    """A plain Pydantic AI tool, not Countersign's: RestateAgent journals it (auto_wrap_tools)."""
+    return {"noted": text}
+
+
+agent = RestateAgent(inner, auto_wrap_tools=True)
 
 
 class Task(BaseModel):
@@ -112,7 +119,9 @@ def finish(stack: IsolatedStack, run_id: str, timeout: float = 60) -> dict[str, 
 def test_an_approved_refund_runs_once_with_the_approved_arguments(stack: IsolatedStack) -> None:
     order = new_order(stack.db_path, 90000)
     lookup = {"tool": "lookup_order", "args": {"order_id": order}}
-    start(stack, "pyd-approve", [lookup, refund(order, "800.00")])
+    # A plain tool after the gated one in the same turn waits its turn (RestateAgent's turnstile) and runs.
+    note = {"tool": "note", "args": {"text": "refund asked"}}
+    start(stack, "pyd-approve", [lookup, refund(order, "800.00"), note])
     [mail] = wait_for_email(stack.outbox_dir, "pyd-approve")
     assert "Refund $800.00 to order" in mail.text and "the parcel arrived broken" in mail.text
     assert refunds_for(stack.db_path, "pyd-approve") == [], "nothing runs before the approval"
@@ -122,9 +131,10 @@ def test_an_approved_refund_runs_once_with_the_approved_arguments(stack: Isolate
     # The lookup's policy does not gate it: it ran without an email, in the caller's journal (index 0).
     assert [(o["verdict"], o["index"]) for o in output["outcomes"]] == [("autonomous", 0), ("approved", 1)]
     assert refunds_for(stack.db_path, "pyd-approve") == [("pyd-approve/1", order, 80000)]
-    [looked, refunded] = output["seen"]
-    assert looked["tool"] == "lookup_order" and looked["content"]["order_id"] == order
-    assert refunded["tool"] == "issue_refund" and refunded["content"]["amount_usd"] == "800.00"
+    by_tool = {seen["tool"]: seen["content"] for seen in output["seen"]}
+    assert by_tool["lookup_order"]["order_id"] == order
+    assert by_tool["issue_refund"]["amount_usd"] == "800.00"
+    assert by_tool["note"] == {"noted": "refund asked"}
     assert len(list(stack.outbox_dir.glob("approval-request_*.eml"))) == 1
 
 
@@ -171,6 +181,19 @@ def test_a_passed_deadline_is_a_denial_that_says_so(stack: IsolatedStack) -> Non
     assert output["outcomes"][0]["decision_source"] == "deadline_default"
     late = submit(mail.link, "approve", csrf=csrf)
     assert late.status_code == 409 and "expired" in late.text
+
+
+def test_a_cancelled_approval_is_a_denial_that_says_so(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 90000)
+    start(stack, "pyd-cancel", [refund(order, "900.00")])
+    wait_for_email(stack.outbox_dir, "pyd-cancel")
+    receipt = stack.ingress.call("Approval", "pyd-cancel-a0", "cancel", {"reason": "the customer withdrew"})
+    assert receipt.status_code == 200 and receipt.json()["accepted"], receipt.text
+
+    output = finish(stack, "pyd-cancel")
+    [seen] = output["seen"]
+    assert seen["content"].startswith("Not run: the approval was cancelled (") and "withdrew" in seen["content"]
+    assert refunds_for(stack.db_path, "pyd-cancel") == []
 
 
 def statuses(stack: IsolatedStack, key: str) -> set[str]:
