@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import openai_server as oai
+from fakes.fixtures import running
+from fakes.provider import JsonObject, Reply
 from support.approver import form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import REPO, IsolatedStack, StackFactory, wait_until
@@ -264,19 +267,22 @@ def payments() -> Iterator[FakePayments]:
         thread.join(timeout=10)
 
 
+def billing_env(payments: FakePayments, **extra: str) -> dict[str, str]:
+    """The example's settings, as its README gives them."""
+    return {
+        "COUNTERSIGN_TOOLS": "examples.billing.tools:TOOLS",
+        "COUNTERSIGN_SERVICES": "examples.pydantic_agent.agent:services",
+        "APPROVALS_POLICY_FILE": str(REPO / "examples/billing/policy.toml"),
+        "ACME_PAYMENTS_URL": payments.url,
+        "PYTHONPATH": str(REPO),
+        **extra,
+    }
+
+
 def test_the_example_agent_collects_an_invoice_after_the_account_manager_lowers_the_charge(
     isolated_stack: StackFactory, payments: FakePayments
 ) -> None:
-    billing = isolated_stack(
-        app_env={
-            "COUNTERSIGN_TOOLS": "examples.billing.tools:TOOLS",
-            "COUNTERSIGN_SERVICES": "examples.pydantic_agent.agent:services",
-            "APPROVALS_POLICY_FILE": str(REPO / "examples/billing/policy.toml"),
-            "ACME_PAYMENTS_URL": payments.url,
-            "ACME_AGENT_MODEL": "scripted",
-            "PYTHONPATH": str(REPO),
-        }
-    )
+    billing = isolated_stack(app_env=billing_env(payments, ACME_AGENT_MODEL="scripted"))
     started = billing.ingress.post_json("/AgentCollection/inv_1001/run/send", {"requester": "alice@acme.example"})
     assert started.status_code == 202, started.text
     [mail] = wait_for_email(billing.outbox_dir, "agent-inv_1001")
@@ -290,3 +296,42 @@ def test_the_example_agent_collects_an_invoice_after_the_account_manager_lowers_
     assert [(r[1], r[2]) for r in payments.requests if r[0] == "POST"] == [("/charges", "agent-inv_1001/1")]
     assert payments.charges["agent-inv_1001/1"]["amount_usd"] == "400.00"
     assert output["summary"].startswith("charge_card: ") and '"approved_by": ["ops@acme.example"]' in output["summary"]
+
+
+def test_the_example_agent_on_a_local_openai_compatible_server_is_asked_once_per_turn(
+    isolated_stack: StackFactory, payments: FakePayments
+) -> None:
+    charge = {"invoice_id": "inv_1003", "amount_usd": "15.00", "card": "card_test1"}
+
+    def report(body: JsonObject) -> Reply:
+        [_, charged] = oai.tool_messages(body)
+        return oai.answer("local-llama", f"Reported: {charged['content']}")
+
+    with running(oai.OpenAIFake()) as fake:
+        fake.script(
+            "local-llama",
+            oai.tool_calls("local-llama", ("lookup_invoice", {"invoice_id": "inv_1003"})),
+            oai.tool_calls("local-llama", ("charge_card", charge), text="A test card: it needs a person."),
+            report,
+        )
+        env = billing_env(
+            payments,
+            ACME_AGENT_MODEL="openai-chat:local-llama",
+            OPENAI_BASE_URL=fake.base_url,
+            OPENAI_API_KEY=oai.API_KEY,
+        )
+        billing = isolated_stack(app_env=env)
+        billing.ingress.post_json("/AgentCollection/inv_1003/run/send", {"requester": "alice@acme.example"})
+        [mail] = wait_for_email(billing.outbox_dir, "agent-inv_1003")
+        assert "A test card: it needs a person." in mail.text
+        assert submit(mail.link, "reject", reason="never charge a test card").status_code == 200
+
+        output = billing.ingress.wait_output_of("AgentCollection", "inv_1003", timeout=60).json()
+        assert [o["verdict"] for o in output["outcomes"]] == ["autonomous", "rejected"]
+        assert output["summary"] == (
+            "Reported: Rejected by the approver: never charge a test card. Do not propose this exact call again."
+        )
+        assert len(fake.seen("local-llama")) == 3, "each model turn asked once: the journal answers replays"
+        tools = [t["function"]["name"] for t in fake.seen("local-llama")[0].body["tools"]]
+        assert sorted(tools) == ["charge_card", "lookup_invoice"]
+    assert payments.charges == {}
