@@ -5,6 +5,7 @@ scripted by the test's prompt (no network); the tools are the demo's, with their
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -29,7 +30,7 @@ from typing import Any
 
 import restate
 from pydantic import BaseModel
-from pydantic_ai import Agent
+from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.messages import UserPromptPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -78,7 +79,20 @@ async def run(ctx: restate.WorkflowContext, task: Task) -> dict[str, Any]:
     return {"seen": json.loads(result.output), "outcomes": [o.model_dump(mode="json") for o in gate.outcomes]}
 
 
-served = [support]
+by_hand = restate.Service("PydanticByHand")
+
+
+@by_hand.handler()
+async def approve_all(ctx: restate.Context, task: Task) -> str:
+    """Approves the deferred calls itself, without the Countersign capability: they must not run."""
+    first = await agent.run(task.model_dump_json(), output_type=[str, DeferredToolRequests])
+    assert isinstance(first.output, DeferredToolRequests)
+    results = first.output.build_results(approve_all=True)
+    second = await agent.run(message_history=first.all_messages(), deferred_tool_results=results)
+    return str(second.output)
+
+
+served = [support, by_hand]
 '''
 
 
@@ -197,6 +211,16 @@ def test_a_cancelled_approval_is_a_denial_that_says_so(stack: IsolatedStack) -> 
     [seen] = output["seen"]
     assert seen["content"].startswith("Not run: the approval was cancelled (") and "withdrew" in seen["content"]
     assert refunds_for(stack.db_path, "pyd-cancel") == []
+
+
+def test_a_call_approved_outside_countersign_does_not_run(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 90000)
+    invocation = stack.ingress.send("PydanticByHand", None, "approve_all", {"calls": [refund(order, "800.00")]})
+    failed = stack.ingress.wait_invocation(invocation, timeout=60)
+    assert failed.status_code == 400 and "approved outside Countersign" in failed.json()["message"], failed.text
+    with sqlite3.connect(stack.db_path) as db:
+        assert db.execute("SELECT count(*) FROM refunds WHERE order_id = ?", (order,)).fetchone() == (0,)
+    assert list(stack.outbox_dir.glob("*.eml")) == [], "nobody was asked"
 
 
 def statuses(stack: IsolatedStack, key: str) -> set[str]:

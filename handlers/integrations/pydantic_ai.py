@@ -148,9 +148,11 @@ class CountersignToolset(AbstractToolset[Any]):
         if not isinstance(approved, dict):
             # Approved by something other than the Countersign capability (e.g. DeferredToolResults
             # passed in by hand): nothing of Countersign's vouches for it, so it does not run.
-            raise TerminalError(f"{name} was approved outside Countersign; add the Countersign capability to the run")
+            raise TerminalError(
+                f"{name} was approved outside Countersign; not run (give the run a Countersign capability)", 400
+            )
         if tool_args != approved["args"]:
-            raise TerminalError(f"{name} was to run with arguments other than the approved ones; not run")
+            raise TerminalError(f"{name} was to run with arguments other than the approved ones; not run", 400)
         return await _execute(name, tool_args, approved)
 
 
