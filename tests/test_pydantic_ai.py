@@ -309,7 +309,7 @@ def test_the_example_agent_collects_an_invoice_after_the_account_manager_lowers_
     billing = isolated_stack(app_env=billing_env(payments, ACME_AGENT_MODEL="scripted"))
     started = billing.ingress.post_json("/AgentCollection/inv_1001/run/send", {"requester": "alice@acme.example"})
     assert started.status_code == 202, started.text
-    [mail] = wait_for_email(billing.outbox_dir, "agent-inv_1001")
+    [mail] = wait_for_email(billing.outbox_dir, "agent-inv_1001", timeout=60)
     assert mail.message["To"] == "ops@acme.example", "the billing example's policy, unchanged"
     assert "Charge $420.00 to card_visa42 for inv_1001" in mail.text and "12 days overdue" in mail.text
     assert [r for r in payments.requests if r[0] == "POST"] == []
@@ -346,7 +346,7 @@ def test_the_example_agent_on_a_local_openai_compatible_server_is_asked_once_per
         )
         billing = isolated_stack(app_env=env)
         billing.ingress.post_json("/AgentCollection/inv_1003/run/send", {"requester": "alice@acme.example"})
-        [mail] = wait_for_email(billing.outbox_dir, "agent-inv_1003")
+        [mail] = wait_for_email(billing.outbox_dir, "agent-inv_1003", timeout=60)
         assert "A test card: it needs a person." in mail.text
         assert submit(mail.link, "reject", reason="never charge a test card").status_code == 200
 
