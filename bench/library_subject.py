@@ -44,11 +44,25 @@ library = restate.Workflow(SERVICE, description="Bench: a user's own workflow ca
 @library.main(name="run")
 async def run(ctx: WorkflowContext, task: LibraryTask) -> LibraryResult:
     actions: list[ActionRecord] = []
-    common = {"requester": task.requester, "run_id": ctx.key(), "goal": f"Refund order {task.order_id}"}
+    who, run_id, goal = task.requester, ctx.key(), f"Refund order {task.order_id}"
     for i in range(task.lookups):
-        actions.append(await gated_call(ctx, tool="lookup_order", args={"order_id": task.order_id}, index=i, **common))
+        lookup = {"order_id": task.order_id}
+        actions.append(
+            await gated_call(ctx, tool="lookup_order", args=lookup, index=i, requester=who, run_id=run_id, goal=goal)
+        )
     refund = {"order_id": task.order_id, "amount_usd": task.amount_usd, "reason": "bench"}
-    actions.append(await gated_call(ctx, tool="issue_refund", args=refund, index=task.lookups, why=task.why, **common))
+    actions.append(
+        await gated_call(
+            ctx,
+            tool="issue_refund",
+            args=refund,
+            index=task.lookups,
+            why=task.why,
+            requester=who,
+            run_id=run_id,
+            goal=goal,
+        )
+    )
     ok = all(a.outcome in (Outcome.AUTONOMOUS, Outcome.APPROVED, Outcome.APPROVED_WITH_EDITS) for a in actions)
     return LibraryResult(status="completed" if ok else "failed", actions=actions)
 

@@ -42,6 +42,7 @@ BOTH_PROTOCOLS = frozenset(
         "test_security_ingress",
         "test_own_tools",
         "test_openai_agents",
+        "test_pydantic_ai",
         "test_serverless",
     }
 )

@@ -1,0 +1,1 @@
+"""Acme Billing's collections agent on Pydantic AI, gated by Countersign."""
