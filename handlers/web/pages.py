@@ -20,10 +20,12 @@ from starlette.routing import Route
 
 from handlers import textdiff as diff
 from handlers.approval import confirm
+from handlers.approval.edits import EditRejected, apply_edits
 from handlers.contract import ActionRecord, ApprovalRecord, Decision, DecisionReceipt, RunStatus
 from handlers.security import links
 from handlers.security.links import LinkInvalid
 from handlers.settings import Settings
+from handlers.tools import default_registry
 from handlers.web import batch, wording
 from handlers.web.runs_client import RunCallFailed, RunsClient
 from handlers.web.views import notice, page
@@ -178,6 +180,15 @@ class ApprovalPages:
         # A long text changed: the approver sees the diff first; only the review's own form,
         # carrying the fingerprint of exactly these edits, decides.
         if changes and form.get("reviewed") != diff.marker(edits):
+            # Only edits that would be accepted are shown for review; others are refused here, as
+            # `decide` would refuse them, before a person spends time on a diff of them.
+            tool = default_registry().get(record.tool)
+            try:
+                if tool is None:
+                    raise EditRejected("This action cannot be edited.")
+                apply_edits(tool, record.args, {k: v for k, v in edits.items() if str(record.args.get(k)) != v})
+            except EditRejected as exc:
+                return notice(400, "Not decided", f"{exc} Nothing was decided.")
             return page(
                 "review.html",
                 record=record,
