@@ -152,19 +152,26 @@ def _check_link(token: str, record: ApprovalRecord) -> LinkCheck:
     return LinkCheck(state=state, slot=claims.slot, now=now)
 
 
-@approval.handler(name="decide")
-async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionReceipt:
-    """Record one approver's verdict. Re-verifies the link token itself; the first completion wins."""
+async def _authentic(ctx: WorkflowSharedContext, token: str) -> tuple[links.LinkClaims, ApprovalRecord, LinkCheck]:
+    """The claims, the record and the journaled check of a link to this approval; a 4xx (deciding
+    nothing) unless the token is authentic for it (it may still be replaced or expired)."""
     try:
-        claims = links.parse(decision.token)
+        claims = links.parse(token)
     except LinkInvalid as exc:
         raise TerminalError(exc.reason, exc.status) from None
     record = await _record(ctx) if links.approval_id(claims.run_id, claims.index) == ctx.key() else None
     if record is None:
         raise TerminalError("This link is not valid.", 403)
-    check = await ctx.run_typed("verify link", _check_link, token=decision.token, record=record)
+    check = await ctx.run_typed("verify link", _check_link, token=token, record=record)
     if check.state == "invalid":
         raise TerminalError(check.reason, check.status)
+    return claims, record, check
+
+
+@approval.handler(name="decide")
+async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionReceipt:
+    """Record one approver's verdict. Re-verifies the link token itself; the first completion wins."""
+    claims, record, check = await _authentic(ctx, decision.token)
 
     promise = ctx.promise(slot_promise(record.approval_id, claims.round, claims.slot), type_hint=Verdict)
     # An authentic link whose slot is already decided learns by whom, whatever its round or expiry.
@@ -338,16 +345,7 @@ def _reassign_refusal(tool: str, to: str) -> str:
 async def viewed(ctx: WorkflowSharedContext, view: PageView) -> None:
     """An approval page was opened: a `page_viewed` audit entry, at most one per approver slot, round
     and minute. Re-verifies the link itself (the audit trail cannot be written from the ingress)."""
-    try:
-        claims = links.parse(view.token)
-    except LinkInvalid as exc:
-        raise TerminalError(exc.reason, exc.status) from None
-    record = await _record(ctx) if links.approval_id(claims.run_id, claims.index) == ctx.key() else None
-    if record is None:
-        raise TerminalError("This link is not valid.", 403)
-    check = await ctx.run_typed("verify link", _check_link, token=view.token, record=record)
-    if check.state == "invalid":
-        raise TerminalError(check.reason, check.status)
+    claims, record, check = await _authentic(ctx, view.token)
     entry = AuditEntry(
         entry_id=f"page_viewed/r{record.round}/s{claims.slot}/m{int(check.now // 60)}",
         approval_id=record.approval_id,
