@@ -7,6 +7,7 @@ typo in a request is a clear 4xx, never a silently ignored setting.
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -60,6 +61,52 @@ class ScriptStep(Strict):
         return args
 
 
+# --- Post-plan gating: a plan of intended tool calls, approved once (see handlers/approval/plan.py).
+
+
+class PlanStep(Strict):
+    """One intended kind of call: `tool`, with `args` fixed to these values, each field of `one_of`
+    taking one of its values, each number of `at_most` at most its bound, at most `calls` times."""
+
+    tool: str = Field(min_length=1, max_length=64)
+    args: dict[str, Any] = Field(default_factory=dict, max_length=20)
+    one_of: dict[str, list[Any]] = Field(default_factory=dict, max_length=10)
+    at_most: dict[str, Decimal] = Field(default_factory=dict, max_length=10)
+    calls: int = Field(default=1, ge=1, le=100)
+    why: str = Field(default="", max_length=2000)
+
+    @field_validator("at_most")
+    @classmethod
+    def _finite(cls, bounds: dict[str, Decimal]) -> dict[str, Decimal]:
+        if not all(b.is_finite() for b in bounds.values()):
+            raise ValueError("a bound must be a finite number")
+        return bounds
+
+
+class Plan(Strict):
+    """An ordered list of intended calls; `max_calls` bounds them all together (default: the sum of
+    the steps' `calls`)."""
+
+    steps: list[PlanStep] = Field(min_length=1, max_length=50)
+    max_calls: int | None = Field(default=None, ge=1, le=500)
+    why: str = Field(default="", max_length=2000)
+
+    @property
+    def total(self) -> int:
+        every = sum(s.calls for s in self.steps)
+        return every if self.max_calls is None else min(self.max_calls, every)
+
+
+class PlanOptions(Strict):
+    """`AgentTask.plan`: ask the model for a plan before it acts; approved once, then followed."""
+
+    on_deviation: Literal["ask", "refuse"] | None = None
+    """A gated call outside the approved plan: a fresh approval (`ask`) or refused; by default the
+    tool's `plan.on_deviation`, else `ask`."""
+    script: Plan | None = None
+    """The scripted model's plan (by default: its script's steps, each with its exact arguments)."""
+
+
 class AgentTask(Strict):
     """Input of `AgentRun.run`."""
 
@@ -69,6 +116,8 @@ class AgentTask(Strict):
     model: str | None = Field(default=None, max_length=120)
     script: list[ScriptStep] | None = Field(default=None, max_length=200)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+    plan: PlanOptions | None = None
+    """Ask the model for a plan first (a tool whose policy has a `plan` table asks too)."""
 
     # Set only by the input serde when the request body did not validate; see agent_run.TaskSerde.
     _refusal: str | None = PrivateAttr(default=None)
@@ -102,6 +151,10 @@ class ActionRecord(BaseModel):
     reason: str | None = None
     result: dict[str, Any] | None = None
     idempotency_key: str | None = None
+    plan_approval_id: str | None = None
+    """The approval of the plan this call ran inside (no approval of its own), if any."""
+    deviation: str | None = None
+    """How this call departed from the approved plan (it was then asked again or refused)."""
 
 
 class RunResult(BaseModel):
@@ -202,6 +255,8 @@ class ApprovalRecord(BaseModel):
     context_error: str | None = Field(default=None, description="why the tool's facts could not be read")
     trail: list[TrailStep] = Field(default_factory=list, description="the run's earlier calls, before this one")
     policy_version: str = Field(default="", description="the version of the tool's policy that gated the call")
+    kind: Literal["action", "plan"] = Field(default="action", description="a plan: `args` is the frozen Plan")
+    deviation: str | None = Field(default=None, description="how this call departs from the approved plan")
 
     @property
     def nonce(self) -> str:

@@ -21,13 +21,15 @@ from restate import RunOptions, TerminalError
 
 from handlers.approval import ledger
 from handlers.approval.gate import Act, GateResult, act_on_deferred, freeze
+from handlers.approval.plan import ApprovedPlan, OnDeviation
+from handlers.approval.plan_calls import ask_plan_approval, refused_deviation, run_in_plan
 from handlers.approval.rounds import Opening, open_round
 from handlers.approval.run_state import RunBook, RunFacts
 from handlers.approval.trail import trail_of
 from handlers.approval.waiting import Waiter, notify_batch
 from handlers.approval.workflow import ApprovalRequest
 from handlers.approval.workflow import run as approval_run
-from handlers.contract import EMAIL_PATTERN, NAME_PATTERN, ActionRecord, DecisionSource, Outcome, TrailStep
+from handlers.contract import EMAIL_PATTERN, NAME_PATTERN, ActionRecord, DecisionSource, Outcome, Plan, TrailStep
 from handlers.objects.audit import AuditEntry
 from handlers.objects.audit import append as audit_append
 from handlers.security import links
@@ -146,6 +148,7 @@ async def _approval(
     why: str,
     act: Act,
     trail: Sequence[ActionRecord | TrailStep],
+    deviation: str | None = None,
 ) -> GateResult:
     assert asked.verdict is not None and asked.opening is not None
     tool = default_registry().get(name)
@@ -165,6 +168,7 @@ async def _approval(
         context=context,
         trail=trail_of(trail),
     )
+    record.deviation = deviation
     request = ApprovalRequest(record=record, policy=asked.verdict, goal=facts.goal, model=facts.model, act=act)
     return await ctx.workflow_call(approval_run, key=record.approval_id, arg=request)
 
@@ -223,21 +227,60 @@ async def gated_call(
     run_id: str | None = None,
     index: int | None = None,
     trail: Sequence[ActionRecord | TrailStep] = (),
+    plan: ApprovedPlan | None = None,
 ) -> ActionRecord:
     """The whole gated action: policy, then (if it asks) the approval, the precondition re-check and
     the effect under its idempotency key `<run_id>/<index>`; the action's record (outcome, arguments as
-    executed, result). A call the policy lets run alone runs at once, in the caller's own step."""
+    executed, result). A call the policy lets run alone runs at once, in the caller's own step.
+
+    With `plan` (from `request_plan_approval`): a call inside the approved plan runs at once, linked
+    to the plan's approval (`plan_approval_id`) and counted against it; a gated call outside it is a
+    deviation, asked again (the email and page say how it deviates) or refused, as the plan says."""
     where, at, name, asked = await _open(ctx, tool, args, requester, tenant, run_id, index)
     if asked.error is not None:
         outcome = Outcome.FAILED if asked.failed else Outcome.INVALID
         return ActionRecord(
             index=at, tool=name, proposed_args=dict(args), outcome=outcome, result={"error": asked.error}
         )
+    deviation = plan.admit(name, asked.args) if plan is not None else None
+    if plan is not None and deviation is None:
+        return await run_in_plan(
+            ctx, name, asked.args, plan, run_id=where, index=at, tenant=tenant, requester=requester
+        )
     if asked.opening is None:
         version = asked.verdict.version if asked.verdict else ""
         return await run_alone(ctx, name, asked.args, where, at, tenant, requester, version)
+    assert asked.verdict is not None
+    if plan is not None and deviation is not None and plan.deviation_rule(asked.verdict.policy) == "refuse":
+        return refused_deviation(name, asked.args, at, plan, deviation)
     facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
-    return (await _approval(ctx, facts, name, at, asked, why, act="execute", trail=trail)).action
+    result = await _approval(ctx, facts, name, at, asked, why, act="execute", trail=trail, deviation=deviation)
+    if plan is not None:
+        result.action.plan_approval_id, result.action.deviation = plan.approval_id, deviation
+    return result.action
+
+
+async def request_plan_approval(
+    ctx: restate.Context,
+    *,
+    plan: Plan | Mapping[str, Any],
+    requester: str,
+    tenant: str = "default",
+    why: str = "",
+    goal: str = "",
+    run_id: str | None = None,
+    index: int | None = None,
+    on_deviation: OnDeviation | None = None,
+) -> ApprovedPlan:
+    """Ask a person to approve `plan` (an ordered list of intended calls with their arguments or
+    bounds) once, and wait for the decision; the approver may drop steps or lower bounds and counts.
+    Pass the result to `gated_call(plan=...)`: calls inside it then run without a new approval, and
+    a gated call outside it is asked again or refused, as `on_deviation` (else each tool's
+    `plan.on_deviation`, else `ask`) says. Placed as `request_approval` places an approval."""
+    _check_people(requester, tenant)
+    where, at = _where(ctx, run_id, index)
+    facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
+    return await ask_plan_approval(ctx, facts, plan, index=at, why=why, on_deviation=on_deviation)
 
 
 async def run_alone(
@@ -294,6 +337,8 @@ class GatedCall(BaseModel):
     summary: str
     verdict: PolicyVerdict
     opening: Opening
+    deviation: str | None = None
+    """How the call departs from the run's approved plan (shown to the approver)."""
 
 
 async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateResult]:
@@ -334,6 +379,7 @@ async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateRes
                 trail=trail,
             )
         )
+        records[-1].deviation = call.deviation
     for record in records:
         book.state.approvals[record.approval_id] = record
     book.state.phase = "awaiting_approval"

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from handlers.approval import confirm, ledger
 from handlers.approval.edits import EditRejected, apply_edits
+from handlers.approval.plan import apply_plan_edits
 from handlers.approval.rounds import Opening, closing, open_round
 from handlers.approval.run_state import RunBook, RunFacts
 from handlers.approval.verdict import Verdict, state_of
@@ -141,7 +142,7 @@ async def decide_and_act(
         ledger.requested(book, record)
     [final] = await wait_all(book, [waiter], "request", delivered=None if delivered is None else [delivered])
     tool = default_registry().get(record.tool)
-    if tool is None and final.kind == "approve":  # only if the tool set changed under a waiting approval
+    if tool is None and final.kind == "approve" and record.kind != "plan":  # the tool set changed meanwhile
         result = _finish(book, waiter, final, failure=f"tool {record.tool!r} is no longer loaded; nothing ran")
     elif act == "execute":
         assert tool is not None
@@ -230,10 +231,8 @@ def _report(book: RunBook, waiter: Waiter, final: Verdict) -> GateResult:
     record = waiter.record
     if final.kind != "approve":
         return _finish(book, waiter, final)
-    tool = default_registry().get(record.tool)
-    assert tool is not None  # decide_and_act ends an approval whose tool is gone before reporting it
     try:
-        approved, changed = apply_edits(tool, record.args, final.edits or {})
+        approved, changed = _approved_args(record, final)
     except EditRejected as exc:
         return _finish(book, waiter, final, failure=f"the approved edits are no longer valid: {exc}")
     record.edits = changed or None
@@ -243,6 +242,15 @@ def _report(book: RunBook, waiter: Waiter, final: Verdict) -> GateResult:
     ledger.finished(book, record, action, final.at)
     action.args = approved
     return GateResult(record=record, action=action, final=final)
+
+
+def _approved_args(record: ApprovalRecord, final: Verdict) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The approved arguments (a plan's or a tool call's) with the approver's edits, and those edits."""
+    if record.kind == "plan":
+        return apply_plan_edits(record.args, final.edits or {})
+    tool = default_registry().get(record.tool)
+    assert tool is not None  # decide_and_act ends an approval whose tool is gone before reporting it
+    return apply_edits(tool, record.args, final.edits or {})
 
 
 def _decided(book: RunBook, record: ApprovalRecord, final: Verdict, state: ApprovalState) -> None:

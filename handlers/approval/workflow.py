@@ -22,6 +22,7 @@ from handlers import retention
 from handlers.approval import confirm
 from handlers.approval.edits import EditRejected, apply_edits
 from handlers.approval.gate import Act, GateResult, decide_and_act
+from handlers.approval.plan import apply_plan_edits
 from handlers.approval.run_state import RunBook, RunState, load_approval, load_header, load_run
 from handlers.approval.tally import slot_verdict
 from handlers.approval.verdict import CANCEL_PROMISE, Verdict, slot_promise
@@ -77,7 +78,7 @@ async def run(ctx: WorkflowContext, request: ApprovalRequest) -> GateResult:
     record = request.record
     if ctx.key() != record.approval_id or not links.RUN_ID.match(record.run_id):
         raise TerminalError("the approval id must be the workflow key, and the run id well-formed", 400)
-    if default_registry().get(record.tool) is None:
+    if record.kind != "plan" and default_registry().get(record.tool) is None:
         raise TerminalError(f"unknown tool {record.tool!r}", 400)
     state = RunState(
         run_id=record.run_id, tenant=record.tenant, goal=request.goal, requester=record.requester, model=request.model
@@ -210,6 +211,8 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
 
 def _checked_edits(record: ApprovalRecord, decision: Decision) -> dict[str, Any]:
     """The fields the approver actually changed, validated; a 400 that decides nothing otherwise."""
+    if record.kind == "plan":
+        return _checked_plan_edits(record, decision)
     proposed = {k: v for k, v in decision.edits.items() if str(record.args.get(k)) != v}
     if not proposed:
         return {}
@@ -222,6 +225,21 @@ def _checked_edits(record: ApprovalRecord, decision: Decision) -> dict[str, Any]
         return apply_edits(tool, record.args, proposed)[1]
     except EditRejected as exc:
         raise TerminalError(str(exc), 400) from None
+
+
+def _checked_plan_edits(record: ApprovalRecord, decision: Decision) -> dict[str, Any]:
+    """A plan's edits (drop a step, lower a count or a bound), validated; a 400 otherwise."""
+    if not decision.edits:
+        return {}
+    try:
+        changed = apply_plan_edits(record.args, decision.edits)[1]
+    except EditRejected as exc:
+        raise TerminalError(str(exc), 400) from None
+    if changed and decision.verdict != "approve":
+        raise TerminalError("Edits go with an approval, not a rejection.", 400)
+    # What is kept is the approver's own form values for exactly what changed, so the approval's
+    # workflow applies the same edits again.
+    return {k: v for k, v in decision.edits.items() if k in changed}
 
 
 _SLOT_STATE = {

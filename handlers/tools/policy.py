@@ -76,6 +76,16 @@ class PolicyError(Exception):
     """The policy could not be resolved for one call (an approver callable failed or named no one valid)."""
 
 
+class PlanPolicy(BaseModel):
+    """Post-plan gating for one tool (`[tools.<name>.plan]`): a run that may call it asks the model for
+    a plan first; approved once, the calls inside it run without a new approval."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    on_deviation: Literal["ask", "refuse"] = "ask"
+    """A gated call of this tool outside the approved plan: a fresh approval, or refused."""
+
+
 class ToolPolicy(BaseModel):
     """How one tool is gated. `when` is a condition such as `amount_usd > 500`; None means always."""
 
@@ -98,6 +108,9 @@ class ToolPolicy(BaseModel):
     high_stakes: bool = False
     """High-stakes approvals need the approver to type the amount, id or fingerprint to confirm."""
     high_stakes_when: Condition | None = None
+    # Checkpoint placement (issue 17), kept together: post-plan gating.
+    plan: PlanPolicy | None = None
+    """Ask for a plan before calls of this tool (see PlanPolicy); None: pre-act gating only."""
 
     @model_validator(mode="before")
     @classmethod
@@ -205,6 +218,8 @@ def policy_version(tool: str, policy: ToolPolicy) -> str:
     plain["when"] = None if policy.when is None else describe_condition(policy.when)
     plain["high_stakes_when"] = None if policy.high_stakes_when is None else describe_condition(policy.high_stakes_when)
     plain["approvers_from"] = None if policy.approvers_from is None else _name_of(policy.approvers_from, "code")
+    if plain.get("plan") is None:  # a policy without a plan keeps the version it had before plans existed
+        plain.pop("plan", None)
     canonical = json.dumps({"tool": tool, "policy": plain}, sort_keys=True, separators=(",", ":"))
     return "p-" + hashlib.sha256(b"countersign.policy.v1\x00" + canonical.encode()).hexdigest()[:12]
 
