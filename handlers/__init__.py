@@ -12,6 +12,8 @@ and gate a call from any Restate handler (Workflow, Virtual Object, Service):
 
     outcome = await request_approval(ctx, tool="pay_invoice", args=..., requester=...)   # decide only
     record = await gated_call(ctx, tool="pay_invoice", args=..., requester=...)          # the whole action
+    plan = await request_plan_approval(ctx, plan={"steps": [...]}, requester=...)       # approve a plan once
+    record = await gated_call(ctx, tool="pay_invoice", args=..., requester=..., plan=plan)  # inside it: no new approval
 
 Importing this package builds no Restate app and reads no settings; the gate's calls (which need the
 Restate SDK) load on first use. Everything not listed in `__all__` may change between releases.
@@ -23,13 +25,15 @@ from handlers.tools.policy import ApproverContext, ApproverSource, Condition, Po
 from handlers.tools.registry import EditRule, EffectContext, Registry, Tool, ToolError, load_tools
 
 if TYPE_CHECKING:
-    from handlers.approval.calls import ApprovalOutcome, gated_call, request_approval
+    from handlers.approval.calls import ApprovalOutcome, gated_call, request_approval, request_plan_approval
+    from handlers.approval.plan import ApprovedPlan
     from handlers.runtime.app import create_app
 
-_GATE = ("ApprovalOutcome", "gated_call", "request_approval")
+_GATE = ("ApprovalOutcome", "gated_call", "request_approval", "request_plan_approval")
 
 __all__ = [
     "ApprovalOutcome",
+    "ApprovedPlan",
     "ApproverContext",
     "ApproverSource",
     "Condition",
@@ -45,6 +49,7 @@ __all__ = [
     "gated_call",
     "load_tools",
     "request_approval",
+    "request_plan_approval",
 ]
 
 
@@ -53,6 +58,10 @@ def __getattr__(name: str) -> Any:
         from handlers.approval import calls as approval_calls
 
         return getattr(approval_calls, name)
+    if name == "ApprovedPlan":
+        from handlers.approval.plan import ApprovedPlan
+
+        return ApprovedPlan
     if name == "create_app":
         from handlers.runtime.app import create_app
 

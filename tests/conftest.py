@@ -37,6 +37,7 @@ BOTH_PROTOCOLS = frozenset(
         "test_deadline_and_refusals",
         "test_durability",
         "test_gate_library",
+        "test_plan_flow",
         "test_models_replay",
         "test_operations",
         "test_security_ingress",

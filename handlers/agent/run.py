@@ -21,6 +21,8 @@ from restate.serde import Serde
 from handlers import retention
 from handlers.agent.turn import PolicyAnswer, RunMustFail, ask_policy, handle_turn
 from handlers.approval import ledger
+from handlers.approval.plan import PLAN_TOOL, ApprovedPlan
+from handlers.approval.plan_calls import ask_plan_approval
 from handlers.approval.run_state import RunBook, RunState, load_run
 from handlers.approval.verdict import CANCEL_PROMISE
 from handlers.approval.workflow import cancel as approval_cancel
@@ -55,6 +57,7 @@ from handlers.llm.base import (
     Transcript,
     bounded,
 )
+from handlers.llm.planning import SUBMIT_PLAN, PlanReply, ask_for_plan
 from handlers.llm.prompt import EMPTY_REPLY
 from handlers.objects.delivery import DeliveryFailure
 from handlers.security import links
@@ -118,18 +121,32 @@ def _model_retries() -> RunOptions[Any]:
 
 class Turn(BaseModel):
     """One journaled model turn: the model that answered (pinned by the first turn), its reply, and
-    the policy's answer for each of the reply's tool calls."""
+    the policy's answer for each of the reply's tool calls; or, when the run asks for a plan first,
+    the model's plan (`plan`, and an empty reply)."""
 
     model: str
     reply: AssistantTurn
     policies: list[PolicyAnswer | None]
+    plan: PlanReply | None = None
+
+
+def _wants_plan(task: AgentTask) -> bool:
+    """Post-plan gating: asked for by the task, or by the policy of a loaded tool."""
+    return task.plan is not None or any(t.policy.plan is not None for t in default_registry())
 
 
 @scrubbed
-def _model_turn(model_id: str | None, task: AgentTask, transcript: Transcript) -> Turn:
-    """One model turn (the body of a journaled step): final refusals end the step, the rest retry."""
+def _model_turn(model_id: str | None, task: AgentTask, transcript: Transcript, planning: bool = False) -> Turn:
+    """One model turn (the body of a journaled step): final refusals end the step, the rest retry.
+    With `planning`, a run that wants a plan (decided here, so a replay takes the same branch) asks
+    the model for one instead."""
     model_id = model_id or _pick_model(task.model)
     try:
+        if planning and _wants_plan(task):
+            model = load_model(model_id, task.script, task.plan.script if task.plan else None)
+            return Turn(
+                model=model_id, reply=AssistantTurn(), policies=[], plan=ask_for_plan(model, transcript, _tool_specs())
+            )
         reply = bounded(load_model(model_id, task.script).next_turn(transcript, _tool_specs()))
         return Turn(
             model=model_id,
@@ -187,6 +204,8 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
     cancel = ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest)
 
     malformed = 0
+    planned = False  # the run has its plan (or needs none)
+    plan: ApprovedPlan | None = None
     for turn in range(get_settings().agent_max_turns):
         book.state.phase = "planning"
         # Asked before the model turn and answered alongside it: no round trip of its own.
@@ -199,6 +218,7 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
                 model_id=model_id,
                 task=task,
                 transcript=transcript,
+                planning=not planned,
             )
         except TerminalError as exc:
             if is_cancellation(exc):
@@ -210,6 +230,19 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
         model_id = book.state.model = taken.model
         if (request := await cancel_asked) is not None:
             return _finish(book, "cancelled", f"Cancelled: {request.reason}")
+        if taken.plan is not None and not planned:
+            plan, unusable = await _plan_approval(book, task, taken.plan)
+            if plan is not None and plan.verdict is Outcome.CANCELLED:
+                return _finish(book, "cancelled", f"Cancelled while waiting for the plan's approval: {plan.reason}")
+            transcript.turns.append(Feedback(text=unusable or (plan.told() if plan else "")))
+            planned = unusable is None
+            malformed = 0 if planned else malformed + 1
+            if malformed >= get_settings().model_max_malformed_turns:
+                return _finish(
+                    book, "failed", f"The model gave {malformed} unusable plans in a row (last: {unusable})."
+                )
+            continue
+        planned = True
         reply = taken.reply
         transcript.turns.append(reply)
         problem: str | None = None
@@ -220,7 +253,7 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
             return _finish(book, "completed", reply.text)
         book.state.phase = "acting"
         try:
-            actions = await _act_on(book, reply.tool_calls, taken.policies)
+            actions = await _act_on(book, reply.tool_calls, taken.policies, plan)
         except RunMustFail as exc:
             return _finish(book, "failed", f"Stopped: {exc}")
         for call, action in zip(reply.tool_calls, actions, strict=True):
@@ -235,7 +268,39 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
     return _finish(book, "failed", f"The agent did not finish within {get_settings().agent_max_turns} turns.")
 
 
-async def _act_on(book: RunBook, calls: list[ToolCall], policies: list[PolicyAnswer | None]) -> list[ActionRecord]:
+async def _plan_approval(book: RunBook, task: AgentTask, reply: PlanReply) -> tuple[ApprovedPlan | None, str | None]:
+    """The model's plan put to its approvers (as the run's next action, so it is in the history and
+    `show`); or what to tell the model when there is no usable plan."""
+    if reply.plan is None:
+        return None, f"No plan could be read ({reply.problem}). Call {SUBMIT_PLAN} again."
+    index = len(book.state.actions)
+    on_deviation = task.plan.on_deviation if task.plan else None
+    approved = await ask_plan_approval(
+        book.ctx, book.state, reply.plan, index=index, why=reply.plan.why, on_deviation=on_deviation, book=book
+    )
+    if approved.verdict is Outcome.INVALID:
+        return None, f"Your plan cannot be used ({approved.reason}). Call {SUBMIT_PLAN} again."
+    book.state.actions.append(
+        ActionRecord(
+            index=index,
+            tool=PLAN_TOOL,
+            proposed_args=reply.plan.model_dump(mode="json"),
+            args=approved.plan.model_dump(mode="json") if approved.plan else None,
+            edits=approved.edits,
+            outcome=approved.verdict,
+            approval_id=approved.approval_id,
+            approved_by=approved.approved_by,
+            reason=approved.reason,
+        )
+    )
+    book.state.phase = "acting"
+    book.save()
+    return approved, None
+
+
+async def _act_on(
+    book: RunBook, calls: list[ToolCall], policies: list[PolicyAnswer | None], plan: ApprovedPlan | None = None
+) -> list[ActionRecord]:
     """The turn's actions in the order of `calls`: unreadable calls (e.g. arguments that are not JSON)
     are recorded as `invalid` first, without reaching a tool; the rest go to `handle_turn` together."""
     unreadable: dict[int, ActionRecord] = {}
@@ -249,7 +314,7 @@ async def _act_on(book: RunBook, calls: list[ToolCall], policies: list[PolicyAns
     book.save()
     readable = [p for p, call in enumerate(calls) if call.problem is None]
     answers = [policies[p] for p in readable]
-    handled = iter(await handle_turn(book, [calls[p] for p in readable], answers) if readable else [])
+    handled = iter(await handle_turn(book, [calls[p] for p in readable], answers, plan) if readable else [])
     return [unreadable[p] if p in unreadable else next(handled) for p in range(len(calls))]
 
 
@@ -268,6 +333,10 @@ def _tool_result(call_id: str, action: ActionRecord) -> ToolResult:
         }
     if action.decision_source == "deadline_default":
         content["decided_by"] = "the deadline's default, not a person"
+    if action.plan_approval_id and not action.deviation:
+        content["inside_plan"] = action.plan_approval_id
+    if action.deviation:
+        content["deviation_from_plan"] = action.deviation
     return ToolResult(call_id=call_id, name=action.tool, outcome=action.outcome.value, content=content)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ValidationError
 
 from handlers.approval.calls import GatedCall, approve_and_act, run_alone
+from handlers.approval.plan import ApprovedPlan
+from handlers.approval.plan_calls import refused_deviation, run_in_plan
 from handlers.approval.rounds import Opening, open_round
 from handlers.approval.run_state import RunBook
 from handlers.contract import ActionRecord, Outcome
@@ -55,11 +57,16 @@ def _answer(call: ToolCall, requester: str, tenant: str) -> PolicyAnswer | None:
     return PolicyAnswer(verdict=verdict, opening=open_round() if verdict.gated else None)
 
 
-async def handle_turn(book: RunBook, calls: list[ToolCall], answers: list[PolicyAnswer | None]) -> list[ActionRecord]:
-    """Every call of one turn, each with its outcome, in the order the model proposed them."""
+async def handle_turn(
+    book: RunBook, calls: list[ToolCall], answers: list[PolicyAnswer | None], plan: ApprovedPlan | None = None
+) -> list[ActionRecord]:
+    """Every call of one turn, each with its outcome, in the order the model proposed them. With the
+    run's `plan`, a call inside it runs at once (linked to the plan); a gated call outside it is a
+    deviation, asked again with what deviates, or refused, as the plan's policy says."""
     base = len(book.state.actions)
     done: dict[int, ActionRecord] = {}
     gated: list[GatedCall] = []
+    deviations: dict[int, str] = {}
     for position, (call, answer) in enumerate(zip(calls, answers, strict=True)):
         index = base + position
         tool = default_registry().get(call.name)
@@ -85,6 +92,25 @@ async def handle_turn(book: RunBook, calls: list[ToolCall], answers: list[Policy
                 result={"error": f"not run: {answer.problem or 'the policy gave no answer'}"},
             )
             continue
+        state = book.state
+        deviation = plan.admit(call.name, args) if plan is not None else None
+        if plan is not None and deviation is None:
+            done[index] = await run_in_plan(
+                book.ctx,
+                call.name,
+                args,
+                plan,
+                run_id=state.run_id,
+                index=index,
+                tenant=state.tenant,
+                requester=state.requester,
+            )
+            continue
+        if plan is not None and deviation is not None and answer.opening is not None:
+            if plan.deviation_rule(answer.verdict.policy) == "refuse":
+                done[index] = refused_deviation(call.name, args, index, plan, deviation)
+                continue
+            deviations[index] = deviation
         if answer.opening is not None:
             gated.append(
                 GatedCall(
@@ -95,10 +121,10 @@ async def handle_turn(book: RunBook, calls: list[ToolCall], answers: list[Policy
                     summary=tool.summary(validated),
                     verdict=answer.verdict,
                     opening=answer.opening,
+                    deviation=deviations.get(index),
                 )
             )
             continue
-        state = book.state
         done[index] = await run_alone(
             book.ctx, call.name, args, state.run_id, index, state.tenant, state.requester, answer.verdict.version
         )
@@ -106,6 +132,9 @@ async def handle_turn(book: RunBook, calls: list[ToolCall], answers: list[Policy
     if gated:
         for result in await approve_and_act(book, gated):
             done[result.action.index] = result.action
+            if plan is not None and result.action.index in deviations:
+                result.action.plan_approval_id = plan.approval_id
+                result.action.deviation = deviations[result.action.index]
             if result.fail_run and failure is None:
                 failure = f"{result.action.tool} #{result.action.index}: {result.action.reason}"
     actions = [done[base + position] for position in range(len(calls))]

@@ -70,7 +70,6 @@ def plan_verdict(plan: Plan, *, requester: str, tenant: str) -> PolicyVerdict:
             approvers=tuple(approvers),
             deadline_seconds=deadline,
             reminders_seconds=tuple(r for r in first.reminders_seconds if r < deadline),
-            timeout_outcome="fail" if first.timeout_outcome == "fail" else "deny",
         )
     except ValidationError as exc:
         raise PolicyError(f"the plan's approvers are not valid: {errors_text(exc)}") from None

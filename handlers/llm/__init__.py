@@ -11,7 +11,7 @@ import functools
 import importlib
 import re
 
-from handlers.contract import ScriptStep
+from handlers.contract import Plan, ScriptStep
 from handlers.llm.base import ChatModel
 from handlers.llm.scripted import ScriptedModel
 from handlers.settings import get_settings
@@ -49,9 +49,10 @@ def check_model(model_id: str) -> None:
     _api_key(provider)
 
 
-def load_model(model_id: str, script: list[ScriptStep] | None) -> ChatModel:
+def load_model(model_id: str, script: list[ScriptStep] | None, plan: Plan | None = None) -> ChatModel:
+    """The model; `plan` is the scripted model's plan, if it is asked for one (see handlers.llm.planning)."""
     if model_id == "scripted":
-        return ScriptedModel(script)
+        return ScriptedModel(script, plan)
     check_model(model_id)
     return _provider_model(model_id)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from handlers.contract import ScriptStep
+from handlers.contract import Plan, PlanStep, ScriptStep
 from handlers.llm.base import AssistantTurn, ToolCall, ToolResult, ToolSpec, Transcript
 
 _REFUND = re.compile(r"refund\s+order\s+#?(\d+)\s+for\s+\$?(\d+(?:\.\d{1,2})?)", re.IGNORECASE)
@@ -18,8 +18,19 @@ _DELETE = re.compile(r"delete\s+customer\s+(c_\d+)", re.IGNORECASE)
 class ScriptedModel:
     model_id = "scripted"
 
-    def __init__(self, script: list[ScriptStep] | None) -> None:
+    def __init__(self, script: list[ScriptStep] | None, plan: Plan | None = None) -> None:
         self._script = script
+        self._plan = plan
+
+    def propose_plan(self, transcript: Transcript, tools: list[ToolSpec]) -> Plan | None:
+        """The task's scripted plan, or else one step per script call with its exact arguments."""
+        if self._plan is not None:
+            return self._plan
+        steps = self._script if self._script is not None else plan(transcript.goal)
+        calls = [call for step in steps for call in (step, *step.also)]
+        if not calls:
+            return None
+        return Plan(steps=[PlanStep(tool=c.tool, args=c.args, why=c.why) for c in calls])
 
     def next_turn(self, transcript: Transcript, tools: list[ToolSpec]) -> AssistantTurn:
         steps = self._script if self._script is not None else plan(transcript.goal)

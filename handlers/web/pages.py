@@ -21,7 +21,8 @@ from starlette.routing import Route
 from handlers import textdiff as diff
 from handlers.approval import confirm
 from handlers.approval.edits import EditRejected, apply_edits
-from handlers.contract import ActionRecord, ApprovalRecord, Decision, DecisionReceipt, RunStatus
+from handlers.approval.plan import step_text
+from handlers.contract import ActionRecord, ApprovalRecord, Decision, DecisionReceipt, Plan, RunStatus
 from handlers.security import links
 from handlers.security.links import LinkInvalid
 from handlers.settings import Settings
@@ -79,6 +80,20 @@ class ApprovalPages:
             )
         if (stale := self._stale(record, claims.slot, link_state, "the action was")) is not None:
             return stale
+        if record.kind == "plan":
+            return page(
+                "plan.html",
+                record=record,
+                plan=Plan.model_validate(record.args),
+                step_text=step_text,
+                approver=record.approvers[claims.slot],
+                goal=status.goal or "",
+                intent=request.query_params.get("intent", ""),
+                csrf=links.csrf_token(token, self.settings.approvals_signing_keys, self.settings.signing_kid),
+                deadline=wording.deadline(record.deadline, time.time()),
+                requested=wording.moment(record.requested_at),
+                fingerprint=record.digest[:12],
+            )
         return page(
             "confirm.html",
             record=record,

@@ -1,0 +1,256 @@
+"""Post-plan gating end to end: a plan approved once through the real email and page, then followed
+by AgentRun and by a user's own loop (`request_plan_approval` + `gated_call(plan=...)`), with
+deviations asked again or refused, against the real restate-server, app and outbox."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.approver import approval_emails, form_csrf, open_page, submit, wait_for_email
+from support.business import new_order, refunds_for
+from support.processes import AppServer, Ingress, StackFactory, wait_until
+
+
+def refund(order: int, amount: str) -> dict[str, Any]:
+    return {"tool": "issue_refund", "args": {"order_id": order, "amount_usd": amount, "reason": "damaged in transit"}}
+
+
+def plan_task(
+    orders: list[int], amounts: list[str], *, bound: str, calls: int, on_deviation: str | None = None
+) -> dict[str, Any]:
+    plan = {
+        "steps": [
+            {
+                "tool": "issue_refund",
+                "one_of": {"order_id": orders},
+                "at_most": {"amount_usd": bound},
+                "calls": calls,
+                "why": "Refund the damaged orders of the shipment.",
+            }
+        ]
+    }
+    options: dict[str, Any] = {"script": plan}
+    if on_deviation:
+        options["on_deviation"] = on_deviation
+    return {
+        "goal": "Refund the damaged orders of shipment 7",
+        "requester": "alice@example.com",
+        "script": [refund(o, a) for o, a in zip(orders, amounts, strict=True)],
+        "plan": options,
+    }
+
+
+def wait_pending(ingress: Ingress, run_id: str, index: int) -> dict[str, Any]:
+    wanted = f"{run_id}-a{index}"
+
+    def pending() -> dict[str, Any] | None:
+        found = [p for p in ingress.status(run_id)["pending"] if p["approval_id"] == wanted]
+        return found[0] if found else None
+
+    return wait_until(pending, 20, f"{wanted} to wait")
+
+
+def test_a_plan_approved_once_runs_three_calls_without_further_emails(
+    app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    orders = [new_order(demo_db, 100000) for _ in range(3)]
+    task = plan_task(orders, ["600.00", "700.00", "750.00"], bound="800", calls=3)
+    assert ingress.start_run(run_id, task).status_code == 202
+    pending = wait_pending(ingress, run_id, 0)
+    assert pending["tool"] == "plan" and pending["approvers"] == ["finance@example.com"]
+    [mail] = wait_for_email(outbox_dir, run_id)
+    assert "Plan: issue_refund" in mail.message["Subject"] and "amount_usd ≤ 800" in mail.text
+    page = open_page(mail.link)
+    assert page.status_code == 200 and "Approve this plan once?" in page.text
+    assert 'name="edit.step.0.at_most.amount_usd"' in page.text and pending["digest"][:12] in page.text
+    assert refunds_for(demo_db, run_id) == [], "nothing runs before the plan is approved"
+
+    assert submit(mail.link, "approve").status_code == 200
+    result = ingress.wait_output(run_id).json()
+    assert result["status"] == "completed", result
+    plan_action, *refunds = result["actions"]
+    assert plan_action["tool"] == "plan" and plan_action["outcome"] == "approved"
+    assert plan_action["approval_id"] == f"{run_id}-a0"
+    assert [a["outcome"] for a in refunds] == ["approved"] * 3
+    assert all(a["plan_approval_id"] == f"{run_id}-a0" and a["approval_id"] is None for a in refunds)
+    assert refunds_for(demo_db, run_id) == [
+        (f"{run_id}/1", orders[0], 60000),
+        (f"{run_id}/2", orders[1], 70000),
+        (f"{run_id}/3", orders[2], 75000),
+    ]
+    assert len(approval_emails(outbox_dir, run_id)) == 1, "one plan email, no email per call"
+    history = ingress.status(run_id)["history"]
+    assert [h.get("plan_approval_id") for h in history[1:]] == [f"{run_id}-a0"] * 3
+    entries = ingress.call("ApprovalAudit", f"{run_id}-a0", "entries", None).json()["entries"]
+    in_plan = [e for e in entries if e["kind"] == "executed" and e["details"].get("in_plan")]
+    assert sorted(e["details"]["idempotency_key"] for e in in_plan) == [f"{run_id}/{i}" for i in (1, 2, 3)]
+
+
+def test_an_edited_plan_stops_a_call_above_the_lowered_bound_for_a_fresh_approval(
+    app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    orders = [new_order(demo_db, 100000) for _ in range(2)]
+    task = plan_task(orders, ["600.00", "700.00"], bound="800", calls=2)
+    assert ingress.start_run(run_id, task).status_code == 202
+    [mail] = wait_for_email(outbox_dir, run_id)
+    raised = submit(mail.link, "approve", edits={"step.0.at_most.amount_usd": "900"})
+    assert raised.status_code == 400 and "may only be lowered" in raised.text
+    assert wait_pending(ingress, run_id, 0)["approval_id"] == f"{run_id}-a0", "an invalid edit decides nothing"
+
+    assert submit(mail.link, "approve", edits={"step.0.at_most.amount_usd": "650"}).status_code == 200
+    # The first refund (600) is inside the edited plan; the second (700) is above its bound.
+    pending = wait_pending(ingress, run_id, 2)
+    assert pending["tool"] == "issue_refund" and pending["args"]["amount_usd"] == "700.00"
+    mails = wait_for_email(outbox_dir, run_id, count=2)
+    deviation = mails[1]
+    assert "Outside the approved plan: amount_usd 700.00 is above the plan's bound 650" in deviation.text
+    assert "Outside the approved plan" in open_page(deviation.link).text
+    assert refunds_for(demo_db, run_id) == [(f"{run_id}/1", orders[0], 60000)]
+
+    assert submit(deviation.link, "approve", csrf=form_csrf(deviation.link)).status_code == 200
+    result = ingress.wait_output(run_id).json()
+    plan_action, first, second = result["actions"]
+    assert plan_action["outcome"] == "approved_with_edits" and plan_action["args"]["steps"][0]["at_most"] == {
+        "amount_usd": "650"
+    }
+    assert first["plan_approval_id"] == f"{run_id}-a0" and first["approval_id"] is None
+    assert second["approval_id"] == f"{run_id}-a2" and second["deviation"].startswith("amount_usd 700.00")
+    assert refunds_for(demo_db, run_id) == [(f"{run_id}/1", orders[0], 60000), (f"{run_id}/2", orders[1], 70000)]
+
+
+def test_a_deviation_is_refused_when_the_run_says_so_and_the_model_is_told(
+    app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    orders = [new_order(demo_db, 100000) for _ in range(2)]
+    task = plan_task(orders, ["600.00", "610.00"], bound="800", calls=1, on_deviation="refuse")
+    assert ingress.start_run(run_id, task).status_code == 202
+    [mail] = wait_for_email(outbox_dir, run_id)
+    assert submit(mail.link, "approve").status_code == 200
+    result = ingress.wait_output(run_id).json()
+    _, inside, outside = result["actions"]
+    assert inside["outcome"] == "approved" and inside["plan_approval_id"] == f"{run_id}-a0"
+    assert outside["outcome"] == "rejected" and outside["decision_source"] == "system"
+    assert outside["deviation"] == "more calls than the plan allows (1 in total)"
+    assert "refused: outside the approved plan" in result["answer"], "the model read why"
+    assert refunds_for(demo_db, run_id) == [(f"{run_id}/1", orders[0], 60000)]
+    assert len(approval_emails(outbox_dir, run_id)) == 1, "a refused deviation asks nobody"
+
+
+def test_a_rejected_plan_is_told_to_the_model_and_every_gated_call_then_deviates(
+    app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    order = new_order(demo_db, 100000)
+    task = plan_task([order], ["600.00"], bound="800", calls=1, on_deviation="refuse")
+    assert ingress.start_run(run_id, task).status_code == 202
+    [mail] = wait_for_email(outbox_dir, run_id)
+    assert submit(mail.link, "reject", reason="refund them one at a time").status_code == 200
+    result = ingress.wait_output(run_id).json()
+    plan_action, call = result["actions"]
+    assert plan_action["outcome"] == "rejected" and plan_action["reason"] == "refund them one at a time"
+    assert call["outcome"] == "rejected" and "the plan was rejected" in call["deviation"]
+    assert refunds_for(demo_db, run_id) == []
+
+
+USER_MODULE = """
+from typing import Any
+
+import restate
+from pydantic import BaseModel
+
+from handlers import gated_call, request_plan_approval
+
+
+class Batch(BaseModel):
+    run_id: str
+    orders: list[int]
+    amounts: list[str]
+
+
+desk = restate.Service("PlanDesk")
+
+
+@desk.handler()
+async def refund_all(ctx: restate.Context, batch: Batch) -> dict[str, Any]:
+    plan = await request_plan_approval(
+        ctx,
+        plan={"steps": [{"tool": "issue_refund", "one_of": {"order_id": batch.orders},
+                         "at_most": {"amount_usd": 800}, "calls": 2}]},
+        requester="alice@example.com",
+        run_id=batch.run_id,
+        index=0,
+        why="the damaged orders of one shipment",
+    )
+    records = []
+    for i, (order, amount) in enumerate(zip(batch.orders, batch.amounts, strict=True)):
+        args = {"order_id": order, "amount_usd": amount, "reason": "damaged in transit"}
+        record = await gated_call(
+            ctx, tool="issue_refund", args=args, requester="alice@example.com", run_id=batch.run_id,
+            index=i + 1, plan=plan,
+        )
+        records.append(record.model_dump(mode="json"))
+    return {"plan": plan.model_dump(mode="json"), "records": records}
+
+
+served = [desk]
+"""
+
+
+@pytest.fixture()
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "plandesk").mkdir()
+    (tmp_path / "plandesk" / "__init__.py").write_text("")
+    (tmp_path / "plandesk" / "agents.py").write_text(textwrap.dedent(USER_MODULE))
+    (tmp_path / "policy.toml").write_text('[tools.issue_refund.plan]\non_deviation = "refuse"\n')
+    return tmp_path
+
+
+def test_a_users_own_loop_follows_an_approved_plan_and_the_tool_policy_refuses_a_deviation(
+    isolated_stack: StackFactory, project: Path
+) -> None:
+    stack = isolated_stack(
+        app_env={
+            "COUNTERSIGN_SERVICES": "plandesk.agents:served",
+            "PYTHONPATH": str(project),
+            "APPROVALS_POLICY_FILE": str(project / "policy.toml"),
+        }
+    )
+    orders = [new_order(stack.db_path, 100000) for _ in range(3)]
+    batch = {"run_id": "desk-plan", "orders": orders, "amounts": ["600.00", "650.00", "700.00"]}
+    invocation = stack.ingress.send("PlanDesk", None, "refund_all", batch)
+    [mail] = wait_for_email(stack.outbox_dir, "desk-plan")
+    assert "Approve this plan once?" in open_page(mail.link).text
+    assert submit(mail.link, "approve").status_code == 200
+    out = stack.ingress.wait_invocation(invocation, timeout=60).json()
+    assert out["plan"]["verdict"] == "approved" and out["plan"]["approval_id"] == "desk-plan-a0"
+    first, second, third = out["records"]
+    assert first["outcome"] == second["outcome"] == "approved"
+    assert first["plan_approval_id"] == second["plan_approval_id"] == "desk-plan-a0"
+    assert third["outcome"] == "rejected" and third["deviation"] == "more calls than the plan allows (2 in total)"
+    assert refunds_for(stack.db_path, "desk-plan") == [
+        ("desk-plan/1", orders[0], 60000),
+        ("desk-plan/2", orders[1], 65000),
+    ]
+    assert len(approval_emails(stack.outbox_dir, "desk-plan")) == 1
+
+
+@pytest.mark.slow
+def test_kill9_of_the_handler_while_a_plan_approval_waits_then_approve(isolated_stack: StackFactory) -> None:
+    stack = isolated_stack()
+    orders = [new_order(stack.db_path, 100000) for _ in range(2)]
+    stack.ingress.start_run("kill-plan", plan_task(orders, ["600.00", "700.00"], bound="800", calls=2))
+    [mail] = wait_for_email(stack.outbox_dir, "kill-plan")
+    csrf = form_csrf(mail.link)
+    stack.app.kill9()
+    stack.app.restart()
+    assert submit(mail.link, "approve", csrf=csrf).status_code == 200
+    result = stack.ingress.wait_output("kill-plan", timeout=60).json()
+    assert result["status"] == "completed"
+    assert [a["outcome"] for a in result["actions"]] == ["approved", "approved", "approved"]
+    assert refunds_for(stack.db_path, "kill-plan") == [
+        ("kill-plan/1", orders[0], 60000),
+        ("kill-plan/2", orders[1], 70000),
+    ], "each refund exactly once"
+    assert len(approval_emails(stack.outbox_dir, "kill-plan")) == 1
