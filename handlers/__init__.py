@@ -21,7 +21,15 @@ Restate SDK) load on first use. Everything not listed in `__all__` may change be
 
 from typing import TYPE_CHECKING, Any
 
-from handlers.tools.policy import ApproverContext, ApproverSource, Condition, PolicyError, PolicyVerdict, ToolPolicy
+from handlers.tools.policy import (
+    ApproverContext,
+    ApproverSource,
+    Condition,
+    PlanPolicy,
+    PolicyError,
+    PolicyVerdict,
+    ToolPolicy,
+)
 from handlers.tools.registry import EditRule, EffectContext, Registry, Tool, ToolError, load_tools
 
 if TYPE_CHECKING:
@@ -39,6 +47,7 @@ __all__ = [
     "Condition",
     "EditRule",
     "EffectContext",
+    "PlanPolicy",
     "PolicyError",
     "PolicyVerdict",
     "Registry",
