@@ -351,3 +351,40 @@ def test_malformed_output_is_bounded_then_the_run_fails(
     assert "amount_usd" in result["answer"]
     assert len(anthropic_fake.seen(model)) == 3
     assert refunds_for(stack.db_path, run_id) == []
+
+
+# --- post-plan gating ----------------------------------------------------------------------------------
+
+
+def test_a_real_model_plans_through_submit_plan_and_its_call_inside_the_plan_runs_unasked(
+    stack: IsolatedStack, provider: Provider, model: str, run_id: str
+) -> None:
+    order = new_order(stack.db_path, 125000)
+    plan = {"steps": [{"tool": "issue_refund", "args": {"order_id": order}, "at_most": {"amount_usd": 800}}]}
+    proposed = provider.calls(model, ("submit_plan", plan), text="Here is my plan.")
+    refund = provider.calls(
+        model, ("issue_refund", {"order_id": order, "amount_usd": "700.00", "reason": "damaged in transit"})
+    )
+    [refund_id] = provider.call_ids(refund)
+
+    def after_refund(body: JsonObject) -> Reply:
+        told = provider.results(body)[refund_id]
+        return provider.answer(model, "Done inside the plan." if '"inside_plan"' in told else f"Unexpected: {told}")
+
+    provider.fake.script(model, proposed, refund, reacting(after_refund))
+    goal = {**task(provider, model, f"Refund order {order} for $700"), "plan": {}}
+    assert stack.ingress.start_run(run_id, goal).status_code == 202
+    [mail] = wait_for_email(stack.outbox_dir, run_id, timeout=60)
+    assert "Plan: issue_refund" in mail.message["Subject"]
+    assert submit(mail.link, "approve").status_code == 200
+    result = finish(stack, run_id)
+    assert result["status"] == "completed" and result["answer"] == "Done inside the plan.", result
+    outcomes = [(a["tool"], a["outcome"]) for a in result["actions"]]
+    assert outcomes == [("plan", "approved"), ("issue_refund", "approved")]
+    assert result["actions"][1]["plan_approval_id"] == f"{run_id}-a0"
+    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/1", order, 70000)]
+    asked, after_plan, _ = (seen.body for seen in provider.fake.seen(model))
+    names = [t.get("name") or t["function"]["name"] for t in asked["tools"]]
+    assert "submit_plan" in names and "issue_refund" in names
+    assert any("propose your plan" in t for t in provider.user_texts(asked))
+    assert any("Your plan was approved" in t for t in provider.user_texts(after_plan)), "the model hears the outcome"
