@@ -79,7 +79,8 @@ def plan_verdict(plan: Plan, *, requester: str, tenant: str) -> PolicyVerdict:
 
 def describe(plan: Plan) -> str:
     """The plan in one line, for the subject, the inbox and the page's heading."""
-    return f"Plan: {', '.join(step_text(s) for s in plan.steps)}; at most {plan.total} calls"
+    total = "1 call" if plan.total == 1 else f"{plan.total} calls"
+    return f"Plan: {', '.join(step_text(s) for s in plan.steps)}; at most {total}"
 
 
 def step_text(step: PlanStep) -> str:
