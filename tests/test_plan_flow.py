@@ -154,6 +154,22 @@ def test_a_rejected_plan_is_told_to_the_model_and_every_gated_call_then_deviates
     assert refunds_for(demo_db, run_id) == []
 
 
+def test_cancelling_a_run_while_its_plan_waits_ends_it_and_nothing_runs(
+    app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    order = new_order(demo_db, 100000)
+    assert ingress.start_run(run_id, plan_task([order], ["600.00"], bound="800", calls=1)).status_code == 202
+    [mail] = wait_for_email(outbox_dir, run_id)
+    csrf = form_csrf(mail.link)
+    wait_pending(ingress, run_id, 0)
+    receipt = ingress.call("AgentRun", run_id, "cancel", {"reason": "customer withdrew"}).json()
+    assert receipt["cancelled_approvals"] == [f"{run_id}-a0"]
+    result = ingress.wait_output(run_id).json()
+    assert result["status"] == "cancelled" and "customer withdrew" in result["answer"]
+    assert refunds_for(demo_db, run_id) == []
+    assert submit(mail.link, "approve", csrf=csrf).status_code == 409, "the cancelled plan decides nothing"
+
+
 USER_MODULE = """
 from typing import Any
 
