@@ -9,6 +9,7 @@ import pytest
 from handlers.approval.edits import EditRejected
 from handlers.approval.plan import ApprovedPlan, apply_plan_edits, describe
 from handlers.contract import Outcome, Plan
+from handlers.tools.policy import PlanPolicy, ToolPolicy, merge, policy_version
 
 
 def refund_plan() -> Plan:
@@ -76,3 +77,12 @@ def test_edits_may_drop_steps_and_lower_bounds_and_counts() -> None:
 def test_an_edit_that_widens_or_is_not_understood_is_refused(edits: dict[str, str], message: str) -> None:
     with pytest.raises(EditRejected, match=message):
         apply_plan_edits(refund_plan().model_dump(mode="json"), edits)
+
+
+def test_a_plan_table_in_the_policy_file_is_validated_like_the_rest_of_the_policy() -> None:
+    default = ToolPolicy(gated=True, approvers=("finance@example.com",))
+    merged = merge(default, {"plan": {"on_deviation": "refuse"}}, source="APPROVALS_POLICY_FILE p.toml")
+    assert merged.plan == PlanPolicy(on_deviation="refuse")
+    assert policy_version("issue_refund", merged) != policy_version("issue_refund", default)
+    with pytest.raises(SystemExit, match=r"APPROVALS_POLICY_FILE p.toml: plan.on_deviation"):
+        merge(default, {"plan": {"on_deviation": "sometimes"}}, source="APPROVALS_POLICY_FILE p.toml")
