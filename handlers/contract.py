@@ -11,7 +11,7 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 # ASCII letters, digits and `._%+-` before the @: addresses are shown to people in emails and pages
 # and used as object keys, so no commas (a second recipient), quotes, angle brackets, control,
@@ -90,6 +90,12 @@ class Plan(Strict):
     steps: list[PlanStep] = Field(min_length=1, max_length=50)
     max_calls: int | None = Field(default=None, ge=1, le=500)
     why: str = Field(default="", max_length=2000)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Plan:
+        if (size := args_size(self.model_dump(mode="json"))) > MAX_TOOL_ARGS_BYTES:
+            raise ValueError(f"the plan is {size} bytes of JSON; at most {MAX_TOOL_ARGS_BYTES} are accepted")
+        return self
 
     @property
     def total(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ValidationError
 
 from handlers.contract import Plan
-from handlers.llm.base import ChatModel, Feedback, ToolSpec, Transcript
+from handlers.llm.base import ChatModel, Feedback, ToolSpec, Transcript, bounded
 
 SUBMIT_PLAN = "submit_plan"
 PLAN_INSTRUCTION = (
@@ -45,7 +45,7 @@ def ask_for_plan(model: ChatModel, transcript: Transcript, tools: list[ToolSpec]
         plan = propose(transcript, tools)
         return PlanReply(plan=plan) if isinstance(plan, Plan) else PlanReply(problem="no plan was proposed")
     asking = transcript.model_copy(update={"turns": [*transcript.turns, Feedback(text=PLAN_INSTRUCTION)]})
-    reply = model.next_turn(asking, [*tools, plan_spec()])
+    reply = bounded(model.next_turn(asking, [*tools, plan_spec()]))
     call = next((c for c in reply.tool_calls if c.name == SUBMIT_PLAN), None)
     if call is None:
         return PlanReply(problem=f"the reply did not call {SUBMIT_PLAN}")
