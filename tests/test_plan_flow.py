@@ -110,6 +110,9 @@ def test_an_edited_plan_stops_a_call_above_the_lowered_bound_for_a_fresh_approva
     assert "Outside the approved plan" in open_page(deviation.link).text
     assert refunds_for(demo_db, run_id) == [(f"{run_id}/1", orders[0], 60000)]
 
+    entries = ingress.call("ApprovalAudit", f"{run_id}-a2", "entries", None).json()["entries"]
+    [requested] = [e for e in entries if e["kind"] == "requested"]
+    assert requested["details"]["deviation"] == "amount_usd 700.00 is above the plan's bound 650"
     assert submit(deviation.link, "approve", csrf=form_csrf(deviation.link)).status_code == 200
     result = ingress.wait_output(run_id).json()
     plan_action, first, second = result["actions"]
