@@ -86,6 +86,7 @@ def test_a_plan_approved_once_runs_three_calls_without_further_emails(
     assert [h.get("plan_approval_id") for h in history[1:]] == [f"{run_id}-a0"] * 3
     entries = ingress.call("ApprovalAudit", f"{run_id}-a0", "entries", None).json()["entries"]
     in_plan = [e for e in entries if e["kind"] == "executed" and e["details"].get("in_plan")]
+    assert [e["details"].get("approval_kind") for e in entries if e["kind"] == "requested"] == ["plan"]
     assert sorted(e["details"]["idempotency_key"] for e in in_plan) == [f"{run_id}/{i}" for i in (1, 2, 3)]
 
 

@@ -95,7 +95,7 @@ def requested(book: RunBook, record_: ApprovalRecord) -> None:
         context_error=record_.context_error,
         trail=[t.model_dump() for t in record_.trail],
         # Post-plan gating: only when set, so an ordinary approval's entry keeps its content.
-        **({"kind": record_.kind} if record_.kind != "action" else {}),
+        **({"approval_kind": record_.kind} if record_.kind != "action" else {}),
         **({"deviation": record_.deviation} if record_.deviation else {}),
     )
 
