@@ -94,7 +94,19 @@ def requested(book: RunBook, record_: ApprovalRecord) -> None:
         context=[f.model_dump() for f in record_.context],
         context_error=record_.context_error,
         trail=[t.model_dump() for t in record_.trail],
+        **_checkpoints(record_),
     )
+
+
+def _checkpoints(record_: ApprovalRecord) -> dict[str, Any]:
+    """Why a call was stopped, in the `requested` entry only when a checkpoint stopped it (older
+    entries keep their shape)."""
+    found: dict[str, Any] = {}
+    if record_.stopped_because:
+        found["stopped_because"] = [s.model_dump() for s in record_.stopped_because]
+    if record_.confidence is not None:
+        found["confidence"] = record_.confidence
+    return found
 
 
 def voted(book: RunBook, record_: ApprovalRecord, verdict: Verdict) -> None:
@@ -198,5 +210,6 @@ def finished(book: RunBook, record_: ApprovalRecord, action: ActionRecord, at: f
         if human and record_.decided_at
         else None,
         edited=bool(action.edits),
+        triggers=sorted({s.kind for s in record_.stopped_because}),
     )
     book.ctx.object_send(record, key=record_.tool, arg=sample)
