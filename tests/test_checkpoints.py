@@ -7,6 +7,8 @@ a user's own handler calling `gated_call` with `confidence=` and `results=`."""
 from __future__ import annotations
 
 import html
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from support.approver import open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, StackFactory, wait_until
 
+REPO = Path(__file__).resolve().parents[1]
 CHECK = "args.amount_usd == double(results.lookup_order.amount_usd)"
 POLICY = f"""
 [tools.issue_refund]
@@ -125,6 +128,18 @@ def test_low_confidence_stops_a_refund_the_policy_lets_run_alone(stack: Isolated
     assert figures(stack)["trigger_rejection_rates"]["confidence"] == 1.0
     report = stack.ingress.call("TrustRamp", None, "report", None).json()
     assert "issue_refund" in [t["tool"] for t in report["tools"]]
+    env = {
+        "RESTATE_INGRESS_URL": stack.restate.ingress_url,
+        "RESTATE_ADMIN_URL": stack.restate.admin_url,
+        "COUNTERSIGN_JOURNAL_KEYS": stack.restate.journal_keys,
+        "PATH": "/usr/bin:/bin",
+    }
+    stats = subprocess.run(
+        [sys.executable, "-m", "handlers", "stats"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert stats.returncode == 0, stats.stderr
+    [row] = [line.split() for line in stats.stdout.splitlines() if line.startswith("issue_refund  confidence")]
+    assert row[2:5] == ["1", "0", "1"], "gated 1, approved 0, rejected 1"
 
 
 def test_a_failed_check_stops_a_refund_that_disagrees_with_the_order(stack: IsolatedStack, run_id: str) -> None:

@@ -26,7 +26,7 @@ def classify(provider: str, status: int, body: object, headers: Mapping[str, str
     if status in RETRYABLE_STATUSES or status >= 500:
         return ProviderBusy(f"{provider} answered HTTP {status}: {detail}", retry_after_seconds(headers))
     if is_model_retired(status, body):
-        return ModelRetired(f"{provider} no longer serves the model (HTTP {status}): {detail}")
+        return ModelRetired(f"{provider} refused the request (HTTP {status}): {detail}")
     return ProviderRefused(f"{provider} refused the request (HTTP {status}): {detail}")
 
 
