@@ -206,3 +206,116 @@ def test_kill9_while_a_confidence_stop_waits_then_approve_runs_once(stack: Isola
     result = stack.ingress.wait_output(run_id, timeout=60).json()
     assert [a["outcome"] for a in result["actions"]] == ["autonomous", "approved"]
     assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/1", order, 12000)], "exactly one refund"
+
+
+# --- the pure parts: no server --------------------------------------------------------------------------
+
+
+def test_checkpoints_fail_closed_and_never_ungate() -> None:
+    from handlers.tools.policy import ToolPolicy, evaluate
+
+    policy = ToolPolicy(
+        gated=True,
+        when="amount_usd > 500",
+        approvers=("finance@example.com",),
+        high_stakes=True,
+        high_stakes_when="amount_usd > 1000",
+        gate_below_confidence=0.7,
+        checks=(CHECK,),
+    )
+    order = {"lookup_order": {"amount_usd": "1500.00"}}
+    sure = evaluate("issue_refund", policy, {"amount_usd": 1500}, confidence=0.99, results=order)
+    assert sure.gated and sure.high_stakes and sure.stopped_because == [], "a sure model does not un-gate"
+    at_threshold = evaluate("issue_refund", policy, {"amount_usd": 100}, confidence=0.7, results=order)
+    assert [s.kind for s in at_threshold.stopped_because] == ["check"]
+    for unusable in (None, 1.5, -0.1, True):
+        verdict = evaluate("issue_refund", policy, {"amount_usd": 100}, confidence=unusable, results={})
+        assert verdict.gated and [s.text for s in verdict.stopped_because] == [
+            "the model reported no confidence (needs 0.70)",
+            f"check `{CHECK}` could not be evaluated: no lookup_order (no such earlier result or field in this run)",
+        ]
+    alone = evaluate(
+        "issue_refund", policy, {"amount_usd": 100}, confidence=0.8, results={"lookup_order": {"amount_usd": "100"}}
+    )
+    assert not alone.gated and alone.stopped_because == []
+
+
+def test_bad_checkpoint_policies_stop_at_load_with_the_setting_named() -> None:
+    from handlers.tools.policy import ToolPolicy, merge
+
+    base = ToolPolicy(gated=False)
+    with pytest.raises(SystemExit, match=r"checks.*reads order.*only args and results"):
+        merge(base, {"checks": ["order.amount == 1"], "approvers": ["a@example.com"]}, source="policy.toml")
+    with pytest.raises(SystemExit, match=r"checks.*not a valid CEL expression"):
+        merge(base, {"checks": ["args.amount =="], "approvers": ["a@example.com"]}, source="policy.toml")
+    with pytest.raises(SystemExit, match="need at least one approver"):
+        merge(base, {"gate_below_confidence": 0.7}, source="policy.toml")
+    with pytest.raises(SystemExit, match="gate_below_confidence"):
+        merge(base, {"gate_below_confidence": 7, "approvers": ["a@example.com"]}, source="policy.toml")
+    with pytest.raises(SystemExit, match="on_model_retired"):
+        merge(base, {"on_model_retired": "later"}, source="policy.toml")
+    kept = merge(base, {"on_model_retired": {"successor": "openai:gpt-x"}}, source="policy.toml")
+    assert kept.on_model_retired is not None and kept.on_model_retired != "end"
+
+
+def test_a_failed_comparison_shows_both_sides_only_when_it_is_one_comparison() -> None:
+    from handlers.tools.checkpoints import stops
+
+    args, results = {"customer_id": "c_1", "amount_usd": 5.0}, {"lookup_order": {"customer_id": "c_2"}}
+    [one] = stops(
+        below=None,
+        checks=["args.customer_id == results.lookup_order.customer_id"],
+        args=args,
+        results=results,
+        confidence=None,
+    )
+    assert one.text.endswith("failed: args.customer_id is 'c_1', results.lookup_order.customer_id is 'c_2'")
+    [both] = stops(
+        below=None,
+        checks=['args.amount_usd > 1.0 && args.customer_id == "c_9"'],
+        args=args,
+        results=results,
+        confidence=None,
+    )
+    assert both.text == 'check `args.amount_usd > 1.0 && args.customer_id == "c_9"` failed'
+    [quoted] = stops(below=None, checks=['args.customer_id == "a==b"'], args=args, results=results, confidence=None)
+    assert quoted.text.endswith("""failed: args.customer_id is 'c_1', "a==b" is 'a==b'""")
+
+
+def test_the_confidence_argument_is_taken_out_of_asked_tools_only() -> None:
+    from handlers.llm import confidence
+    from handlers.llm.base import AssistantTurn, ToolCall, ToolSpec
+
+    schema = {"type": "object", "properties": {"amount": {"type": "number"}}}
+    asked = confidence.asking(schema)
+    assert asked is not None and "confidence" in asked["properties"] and "confidence" not in schema["properties"]
+    assert confidence.asking({"properties": {"confidence": {"type": "string"}}}) is None, "a tool's own field wins"
+    tools = [
+        ToolSpec(name="pay", description="", parameters=asked, approval="", confidence=True),
+        ToolSpec(name="look", description="", parameters=schema, approval=""),
+    ]
+    turn = AssistantTurn(
+        tool_calls=[
+            ToolCall(id="1", name="pay", args={"amount": 1, "confidence": 0.4}),
+            ToolCall(id="2", name="pay", args={"amount": 1, "confidence": "high"}),
+            ToolCall(id="3", name="look", args={"amount": 1, "confidence": 0.4}),
+        ]
+    )
+    first, second, third = confidence.take(turn, tools).tool_calls
+    assert (first.args, first.confidence) == ({"amount": 1}, 0.4)
+    assert (second.args, second.confidence) == ({"amount": 1}, None)
+    assert (third.args, third.confidence) == ({"amount": 1, "confidence": 0.4}, None)
+
+
+def test_a_404_model_not_found_is_a_retirement_and_other_404s_are_not() -> None:
+    from handlers.llm.base import ModelRetired
+    from handlers.llm.provider_errors import classify, is_model_retired
+
+    openai_gone = {
+        "error": {"message": "The model `x` does not exist", "type": "invalid_request_error", "code": "model_not_found"}
+    }
+    anthropic_gone = {"type": "error", "error": {"type": "not_found_error", "message": "model: claude-x"}}
+    assert is_model_retired(404, openai_gone) and is_model_retired(404, anthropic_gone)
+    assert not is_model_retired(400, openai_gone)
+    assert not is_model_retired(404, {"error": {"type": "not_found_error", "message": "no such route"}})
+    assert isinstance(classify("Anthropic", 404, anthropic_gone, {}), ModelRetired)

@@ -2,7 +2,8 @@
 answers 404 model-not-found (the real SDKs against the fakes). The approved refund still runs from its
 frozen arguments; then the policy's choice (a successor model) or the run's own (`end`) decides what
 follows: the run goes on with the successor (recorded in the run state, `show` and the audit trail), or
-ends with the explicit status `model_retired`, never a generic model failure."""
+ends with the explicit status `model_retired`, never a generic model failure. And the real adapters ask
+for the model's confidence in a tool whose policy gates on it, and take it out of the arguments."""
 
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ from support.processes import IsolatedStack, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 SUCCESSOR = "policy-successor"
-POLICY = f'[tools.issue_refund]\non_model_retired = {{ successor = "openai:{SUCCESSOR}" }}\n'
+POLICY = f"""[tools.issue_refund]
+on_model_retired = {{ successor = "openai:{SUCCESSOR}" }}
+gate_below_confidence = 0.7
+"""
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +166,42 @@ def test_retired_after_the_approval_ends_the_run_when_it_asks_to_even_after_a_ki
     assert len(openai_fake.seen(SUCCESSOR)) == successor_requests, (
         "the run's own `end` wins over the policy's successor"
     )
+
+
+def schemas(prefix: str, body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The argument schema of each tool the model was offered, by name."""
+    if prefix == "openai":
+        return {t["function"]["name"]: t["function"]["parameters"] for t in body["tools"]}
+    return {t["name"]: t["input_schema"] for t in body["tools"]}
+
+
+def test_the_adapters_ask_for_confidence_and_a_low_one_stops_a_small_refund(
+    stack: IsolatedStack,
+    provider: str,
+    openai_fake: oai.OpenAIFake,
+    anthropic_fake: anth.AnthropicFake,
+    run_id: str,
+) -> None:
+    fake, model = fake_of(provider, openai_fake, anthropic_fake), f"fake-{run_id}"
+    order = new_order(stack.db_path, 10000)
+    refund = {"order_id": order, "amount_usd": "100.00", "reason": "damaged", "confidence": 0.35}
+    fake.script(
+        model,
+        calls(provider, model, "lookup_order", {"order_id": order}),
+        calls(provider, model, "issue_refund", refund),
+        oai.answer(model, "Not refunded.") if provider == "openai" else anth.answer(model, "Not refunded."),
+    )
+    body = {"goal": f"Refund order {order}", "requester": "alice@example.com", "model": f"{provider}:{model}"}
+    assert stack.ingress.start_run(run_id, body).status_code == 202
+    [mail] = wait_for_email(stack.outbox_dir, run_id)
+    assert "Stopped because the model's confidence was 0.35 < 0.70" in mail.text
+    [record] = stack.ingress.status(run_id)["approvals"]
+    assert record["args"] == {"order_id": order, "amount_usd": "100.00", "reason": "damaged"}, "not an argument"
+    assert record["confidence"] == 0.35
+    offered = schemas(provider, fake.seen(model)[0].body)
+    assert offered["issue_refund"]["properties"]["confidence"]["maximum"] == 1
+    assert "confidence" not in offered["lookup_order"]["properties"], "only a tool whose policy asks"
+    assert submit(mail.link, "reject", reason="the amount looks wrong").status_code == 200
+    result = stack.ingress.wait_output(run_id, timeout=60).json()
+    assert [a["outcome"] for a in result["actions"]] == ["autonomous", "rejected"]
+    assert refunds_for(stack.db_path, run_id) == []
