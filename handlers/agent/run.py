@@ -268,6 +268,8 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
                 book.state.model = await ctx.run_typed("pin model", _pick_model, requested=task.model)
             return _finish(book, "failed", f"The model call failed{retried}: {exc.message}")
         if taken.retired is not None:
+            if (request := await cancel_asked) is not None:
+                return _finish(book, "cancelled", f"Cancelled: {request.reason}")
             if not answered and not book.state.model_switches:  # never answered: a wrong name, as before
                 book.state.model = taken.model
                 return _finish(book, "failed", f"The model call failed: {taken.retired.detail}")
