@@ -201,6 +201,9 @@ def test_the_adapters_ask_for_confidence_and_a_low_one_stops_a_small_refund(
     offered = schemas(provider, fake.seen(model)[0].body)
     assert offered["issue_refund"]["properties"]["confidence"]["maximum"] == 1
     assert "confidence" not in offered["lookup_order"]["properties"], "only a tool whose policy asks"
+    first = fake.seen(model)[0].body
+    system = first["messages"][0]["content"] if provider == "openai" else first["system"]
+    assert "When you call issue_refund, give `confidence`" in system
     assert submit(mail.link, "reject", reason="the amount looks wrong").status_code == 200
     result = stack.ingress.wait_output(run_id, timeout=60).json()
     assert [a["outcome"] for a in result["actions"]] == ["autonomous", "rejected"]
