@@ -46,12 +46,33 @@ class Outcome(StrEnum):
     FAILED = "failed"
 
 
+class Successor(Strict):
+    """`on_model_retired = {successor = "<model id>"}`: continue the run on this model."""
+
+    successor: str = Field(min_length=1, max_length=120)
+
+
+ModelRetiredChoice = Literal["end"] | Successor
+"""What a run does when its pinned model is gone (the provider answers 404 model not found): go on
+with a named successor, or `end` with the status `model_retired` (a fresh plan is needed)."""
+
+
+class StopReason(BaseModel):
+    """Why a call that its policy would let run alone was stopped for a person (confidence-gated
+    checkpoints): `confidence` (the model reported low confidence) or `check` (a declared check on
+    the call failed or could not be evaluated). `text` is shown on the page, in the email and audit."""
+
+    kind: Literal["confidence", "check"]
+    text: str
+
+
 class ScriptStep(Strict):
     tool: str = Field(min_length=1, max_length=64)
     args: dict[str, Any] = Field(default_factory=dict)
     why: str = Field(default="", max_length=2000)
     if_rejected: ScriptStep | None = Field(default=None, description="proposed next if this call is rejected")
     also: list[ScriptStep] = Field(default_factory=list, max_length=10, description="proposed in the same turn")
+    confidence: float | None = Field(default=None, ge=0, le=1, description="the confidence the model reports")
 
     @field_validator("args")
     @classmethod
@@ -124,6 +145,9 @@ class AgentTask(Strict):
     metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
     plan: PlanOptions | None = None
     """Ask the model for a plan first (a tool whose policy has a `plan` table asks too)."""
+    on_model_retired: ModelRetiredChoice | None = Field(
+        default=None, description='"end" or {"successor": "<model id>"}; else the policy\'s choice, else "end"'
+    )
 
     # Set only by the input serde when the request body did not validate; see agent_run.TaskSerde.
     _refusal: str | None = PrivateAttr(default=None)
@@ -163,17 +187,29 @@ class ActionRecord(BaseModel):
     """How this call departed from the approved plan (it was then asked again or refused)."""
 
 
+class ModelSwitch(BaseModel):
+    """The pinned model was gone on a turn (provider 404): what the run did about it."""
+
+    retired: str
+    successor: str | None = None
+    """The model the run went on with; None when the run ended (status `model_retired`)."""
+    turn: int
+    detail: str = ""
+    """The provider's own words."""
+
+
 class RunResult(BaseModel):
-    """Output of `AgentRun.run`."""
+    """Output of `AgentRun.run`. `model_retired`: the pinned model was gone and the run's choice was
+    to end; the approved actions ran, and a fresh plan (a new run) is needed for what follows."""
 
     run_id: str
-    status: Literal["completed", "failed", "cancelled"]
+    status: Literal["completed", "failed", "cancelled", "model_retired"]
     answer: str
     model: str
     actions: list[ActionRecord]
 
 
-Phase = Literal["planning", "acting", "awaiting_approval", "completed", "failed", "cancelled"]
+Phase = Literal["planning", "acting", "awaiting_approval", "completed", "failed", "cancelled", "model_retired"]
 ApprovalState = Literal[
     "pending",
     "approved",
@@ -263,6 +299,10 @@ class ApprovalRecord(BaseModel):
     policy_version: str = Field(default="", description="the version of the tool's policy that gated the call")
     kind: Literal["action", "plan"] = Field(default="action", description="a plan: `args` is the frozen Plan")
     deviation: str | None = Field(default=None, description="how this call departs from the approved plan")
+    stopped_because: list[StopReason] = Field(
+        default_factory=list, description="why a call the policy would let run alone was stopped (checkpoints)"
+    )
+    confidence: float | None = Field(default=None, description="the confidence the model reported in the call")
 
     @property
     def nonce(self) -> str:
@@ -298,6 +338,7 @@ class RunStatus(BaseModel):
     approvals: list[ApprovalRecord] = Field(default_factory=list)
     history: list[ActionRecord] = Field(default_factory=list)
     answer: str | None = None
+    model_switches: list[ModelSwitch] = Field(default_factory=list)
 
 
 class Decision(Strict):

@@ -34,6 +34,7 @@ BOTH_PROTOCOLS = frozenset(
     {
         "test_approval_flow",
         "test_approval_semantics",
+        "test_checkpoints",
         "test_deadline_and_refusals",
         "test_durability",
         "test_gate_library",

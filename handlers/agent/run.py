@@ -38,17 +38,21 @@ from handlers.contract import (
     CancelRequest,
     Decision,
     DecisionReceipt,
+    ModelRetiredChoice,
+    ModelSwitch,
     Outcome,
     ReassignReceipt,
     ReassignRequest,
     RunResult,
     RunStatus,
+    Successor,
 )
 from handlers.errors import is_cancellation
-from handlers.llm import ModelUnavailable, check_model, load_model
+from handlers.llm import ModelUnavailable, check_model, confidence, load_model
 from handlers.llm.base import (
     AssistantTurn,
     Feedback,
+    ModelRetired,
     ProviderBusy,
     ProviderRefused,
     ToolCall,
@@ -59,12 +63,14 @@ from handlers.llm.base import (
 )
 from handlers.llm.planning import SUBMIT_PLAN, PlanReply, ask_for_plan
 from handlers.llm.prompt import EMPTY_REPLY
+from handlers.objects.audit import AuditEntry
 from handlers.objects.delivery import DeliveryFailure
 from handlers.security import links
 from handlers.security.links import LinkInvalid
 from handlers.security.redact import clean_failures, scrubbed
 from handlers.settings import get_settings
 from handlers.tools import default_registry
+from handlers.tools.checkpoints import results_of
 
 
 class TaskSerde(Serde[AgentTask]):
@@ -97,16 +103,21 @@ agent_run = restate.Workflow(
 
 
 def _tool_specs() -> list[ToolSpec]:
-    return [
-        ToolSpec(
-            name=t.name,
-            description=t.description,
-            parameters=t.schema(),
-            approval=t.policy.describe(t.name),
-            gated=t.policy.gated,
+    specs = []
+    for t in default_registry():
+        # A tool whose policy gates on the model's confidence asks the model for it (an optional argument).
+        asked = confidence.asking(t.schema()) if t.policy.gate_below_confidence is not None else None
+        specs.append(
+            ToolSpec(
+                name=t.name,
+                description=t.description,
+                parameters=asked or t.schema(),
+                approval=t.policy.describe(t.name),
+                gated=t.policy.gated,
+                confidence=asked is not None,
+            )
         )
-        for t in default_registry()
-    ]
+    return specs
 
 
 def _model_retries() -> RunOptions[Any]:
@@ -119,15 +130,25 @@ def _model_retries() -> RunOptions[Any]:
     )
 
 
+class Retired(BaseModel):
+    """The model was gone on this turn (provider 404), and what the run's (or policy's) choice says."""
+
+    detail: str
+    choice: ModelRetiredChoice
+    successor_problem: str | None = None
+    """Why the named successor cannot be used (not a known model id, no key for its provider)."""
+
+
 class Turn(BaseModel):
     """One journaled model turn: the model that answered (pinned by the first turn), its reply, and
     the policy's answer for each of the reply's tool calls; or, when the run asks for a plan first,
-    the model's plan (`plan`, and an empty reply)."""
+    the model's plan (`plan`, and an empty reply); or, when the model was gone, `retired`."""
 
     model: str
     reply: AssistantTurn
     policies: list[PolicyAnswer | None]
     plan: PlanReply | None = None
+    retired: Retired | None = None
 
 
 def _wants_plan(task: AgentTask) -> bool:
@@ -136,22 +157,43 @@ def _wants_plan(task: AgentTask) -> bool:
 
 
 @scrubbed
-def _model_turn(model_id: str | None, task: AgentTask, transcript: Transcript, planning: bool = False) -> Turn:
+def _model_turn(
+    model_id: str | None,
+    task: AgentTask,
+    transcript: Transcript,
+    results: dict[str, Any] | None = None,
+    last_gated: str | None = None,
+    planning: bool = False,
+) -> Turn:
     """One model turn (the body of a journaled step): final refusals end the step, the rest retry.
+    A retired model is an answer, not a failure: the choice of what follows is journaled with it.
     With `planning`, a run that wants a plan (decided here, so a replay takes the same branch) asks
     the model for one instead."""
     model_id = model_id or _pick_model(task.model)
     try:
+        specs = _tool_specs()
         if planning and _wants_plan(task):
             model = load_model(model_id, task.script, task.plan.script if task.plan else None)
-            return Turn(
-                model=model_id, reply=AssistantTurn(), policies=[], plan=ask_for_plan(model, transcript, _tool_specs())
-            )
-        reply = bounded(load_model(model_id, task.script).next_turn(transcript, _tool_specs()))
+            return Turn(model=model_id, reply=AssistantTurn(), policies=[], plan=ask_for_plan(model, transcript, specs))
+        reply = bounded(confidence.take(load_model(model_id, task.script).next_turn(transcript, specs), specs))
         return Turn(
             model=model_id,
             reply=reply,
-            policies=ask_policy(reply.tool_calls, requester=task.requester, tenant=task.tenant),
+            policies=ask_policy(reply.tool_calls, requester=task.requester, tenant=task.tenant, results=results),
+        )
+    except ModelRetired as exc:
+        choice = retired_choice(task.on_model_retired, last_gated)
+        problem = None
+        if isinstance(choice, Successor):
+            try:
+                check_model(choice.successor)
+            except ModelUnavailable as unavailable:
+                problem = str(unavailable)
+        return Turn(
+            model=model_id,
+            reply=AssistantTurn(),
+            policies=[],
+            retired=Retired(detail=exc.message, choice=choice, successor_problem=problem),
         )
     except (ProviderRefused, ModelUnavailable) as exc:
         raise TerminalError(str(exc), 400) from None
@@ -159,6 +201,15 @@ def _model_turn(model_id: str | None, task: AgentTask, transcript: Transcript, p
         if exc.retry_after:
             raise RetryableError(exc.message, 503, timedelta(seconds=exc.retry_after)) from None
         raise
+
+
+def retired_choice(run_choice: ModelRetiredChoice | None, tool: str | None) -> ModelRetiredChoice:
+    """What follows a retired model: the run's own choice, else the policy of the tool whose approval
+    the run last asked for, else "end". For a user's own loop too (pass the tool it last gated)."""
+    if run_choice is not None:
+        return run_choice
+    found = default_registry().get(tool) if tool else None
+    return (found.policy.on_model_retired if found else None) or "end"
 
 
 def _pick_model(requested: str | None) -> str:
@@ -177,6 +228,11 @@ def _check_task(run_id: str, task: AgentTask) -> None:
             raise TerminalError(str(exc), 400) from None
     if task.script is not None and (task.model or "scripted") != "scripted":
         raise TerminalError("script is only for the scripted model", 400)
+    if isinstance(task.on_model_retired, Successor):
+        try:
+            check_model(task.on_model_retired.successor)
+        except ModelUnavailable as exc:
+            raise TerminalError(f"on_model_retired: {exc}", 400) from None
 
 
 @agent_run.main(name="run", input_serde=TaskSerde(), workflow_retention=retention.RUN)
@@ -206,6 +262,7 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
     malformed = 0
     planned = False  # the run has its plan (or needs none)
     plan: ApprovedPlan | None = None
+    answered = False  # whether the current model has answered in this run (a 404 after is a retirement)
     for turn in range(get_settings().agent_max_turns):
         book.state.phase = "planning"
         # Asked before the model turn and answered alongside it: no round trip of its own.
@@ -219,6 +276,8 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
                 task=task,
                 transcript=transcript,
                 planning=not planned,
+                results=results_of(book.state.actions),
+                last_gated=_last_gated(book),
             )
         except TerminalError as exc:
             if is_cancellation(exc):
@@ -227,6 +286,18 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
             if not book.state.model:
                 book.state.model = await ctx.run_typed("pin model", _pick_model, requested=task.model)
             return _finish(book, "failed", f"The model call failed{retried}: {exc.message}")
+        if taken.retired is not None:
+            if (request := await cancel_asked) is not None:
+                return _finish(book, "cancelled", f"Cancelled: {request.reason}")
+            if not answered and not book.state.model_switches:  # never answered: a wrong name, as before
+                book.state.model = taken.model
+                return _finish(book, "failed", f"The model call failed: {taken.retired.detail}")
+            successor = _after_retirement(book, turn, taken.model, taken.retired)
+            if successor is None:
+                return _finish(book, "model_retired", _retired_answer(book))
+            model_id, answered = successor, False
+            continue
+        answered = True
         model_id = book.state.model = taken.model
         if (request := await cancel_asked) is not None:
             return _finish(book, "cancelled", f"Cancelled: {request.reason}")
@@ -318,6 +389,51 @@ async def _act_on(
     return [unreadable[p] if p in unreadable else next(handled) for p in range(len(calls))]
 
 
+def _last_gated(book: RunBook) -> str | None:
+    """The tool of the run's latest approval (whose policy may say what follows a retired model)."""
+    latest = max(book.state.approvals.values(), key=lambda r: r.index, default=None)
+    return latest.tool if latest else None
+
+
+def _after_retirement(book: RunBook, turn: int, model: str, retired: Retired) -> str | None:
+    """Record the retirement (run state and audit trail); the successor to go on with, or None to end."""
+    choice = retired.choice
+    go_on = isinstance(choice, Successor) and retired.successor_problem is None and choice.successor != model
+    successor = choice.successor if isinstance(choice, Successor) else None
+    detail = retired.detail
+    if retired.successor_problem:
+        detail += f"; successor {successor}: {retired.successor_problem}"
+    switch = ModelSwitch(retired=model, successor=successor if go_on else None, turn=turn, detail=detail)
+    book.state.model_switches.append(switch)
+    if go_on:
+        book.state.model = successor or model
+    book.save()
+    latest = max(book.state.approvals.values(), key=lambda r: r.index, default=None)
+    approval_id = latest.approval_id if latest else links.approval_id(book.state.run_id, len(book.state.actions))
+    book.unsent_audit.append(
+        AuditEntry(
+            entry_id=f"model_retired/t{turn}",
+            approval_id=approval_id,
+            run_id=book.state.run_id,
+            tenant=book.state.tenant,
+            kind="model_retired",
+            at=(latest.decided_at or latest.requested_at) if latest else 0.0,
+            details={**switch.model_dump(), "outcome": "successor" if go_on else "ended: a fresh plan is needed"},
+        )
+    )
+    return successor if go_on else None
+
+
+def _retired_answer(book: RunBook) -> str:
+    switch = book.state.model_switches[-1]
+    ran = sum(1 for a in book.state.actions if a.args is not None)
+    return (
+        f"The model {switch.retired} is no longer available ({switch.detail}). The {ran} action(s) already "
+        "approved or run have run from their frozen arguments; nothing further was planned. A fresh plan "
+        "is needed: start a new run (or set on_model_retired to a successor model)."
+    )
+
+
 def _tool_result(call_id: str, action: ActionRecord) -> ToolResult:
     content: dict[str, Any] = {"outcome": action.outcome.value}
     if action.result is not None:
@@ -395,7 +511,7 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
 async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelReceipt:
     """Stop the run: a pending approval resolves as `cancelled` and nothing further executes."""
     state = await load_run(ctx, with_actions=False)
-    if state is None or state.phase in ("completed", "failed", "cancelled"):
+    if state is None or state.phase in ("completed", "failed", "cancelled", "model_retired"):
         return CancelReceipt(run_id=ctx.key(), accepted=False, cancelled_approvals=[])
     cancelled = []
     for record in state.approvals.values():

@@ -9,6 +9,9 @@ calls of one turn are asked together; every call gets a stable index `base + pos
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from pydantic import BaseModel, ValidationError
 
 from handlers.approval.calls import GatedCall, approve_and_act, run_alone
@@ -36,13 +39,16 @@ class PolicyAnswer(BaseModel):
     problem: str | None = None
 
 
-def ask_policy(calls: list[ToolCall], *, requester: str = "", tenant: str = "") -> list[PolicyAnswer | None]:
+def ask_policy(
+    calls: list[ToolCall], *, requester: str = "", tenant: str = "", results: Mapping[str, Any] | None = None
+) -> list[PolicyAnswer | None]:
     """The policy's answer for each call that reaches a tool (None for the others). Runs inside the
-    journaled step that took the model turn: one round trip for the reply and what the policy says of it."""
-    return [_answer(call, requester, tenant) for call in calls]
+    journaled step that took the model turn: one round trip for the reply and what the policy says of it.
+    `results` are the run's earlier results by tool name (for the policies' checks)."""
+    return [_answer(call, requester, tenant, results or {}) for call in calls]
 
 
-def _answer(call: ToolCall, requester: str, tenant: str) -> PolicyAnswer | None:
+def _answer(call: ToolCall, requester: str, tenant: str, results: Mapping[str, Any]) -> PolicyAnswer | None:
     tool = default_registry().get(call.name)
     if call.problem is not None or tool is None:
         return None
@@ -51,7 +57,15 @@ def _answer(call: ToolCall, requester: str, tenant: str) -> PolicyAnswer | None:
     except ValidationError:
         return None
     try:
-        verdict = evaluate(call.name, tool.policy, args, requester=requester, tenant=tenant)
+        verdict = evaluate(
+            call.name,
+            tool.policy,
+            args,
+            requester=requester,
+            tenant=tenant,
+            confidence=call.confidence,
+            results=results,
+        )
     except PolicyError as exc:
         return PolicyAnswer(problem=str(exc))
     return PolicyAnswer(verdict=verdict, opening=open_round() if verdict.gated else None)
@@ -122,6 +136,7 @@ async def handle_turn(
                     verdict=answer.verdict,
                     opening=answer.opening,
                     deviation=deviations.get(index),
+                    confidence=call.confidence,
                 )
             )
             continue

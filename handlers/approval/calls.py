@@ -34,6 +34,7 @@ from handlers.objects.audit import AuditEntry
 from handlers.objects.audit import append as audit_append
 from handlers.security import links
 from handlers.tools import default_registry
+from handlers.tools.checkpoints import results_of
 from handlers.tools.context import read_context
 from handlers.tools.execute import idempotency_key, run_tool
 from handlers.tools.policy import PolicyError, PolicyVerdict, evaluate
@@ -74,9 +75,17 @@ class _Asked(BaseModel):
     error: str | None = None
     failed: bool = False
     """The call was valid but its policy could not be resolved (`failed`, not `invalid`)."""
+    confidence: float | None = None
 
 
-def _ask(tool_name: str, raw: dict[str, Any], requester: str, tenant: str) -> _Asked:
+def _ask(
+    tool_name: str,
+    raw: dict[str, Any],
+    requester: str,
+    tenant: str,
+    confidence: float | None = None,
+    results: dict[str, Any] | None = None,
+) -> _Asked:
     tool = default_registry().get(tool_name)
     if tool is None:
         return _Asked(error=f"unknown tool {tool_name!r}; available: {', '.join(default_registry().names())}")
@@ -86,11 +95,19 @@ def _ask(tool_name: str, raw: dict[str, Any], requester: str, tenant: str) -> _A
         return _Asked(error=f"invalid arguments: {validation_message(exc)}")
     args = validated.model_dump(mode="json")
     try:
-        verdict = evaluate(tool.name, tool.policy, validated, requester=requester, tenant=tenant)
+        verdict = evaluate(
+            tool.name,
+            tool.policy,
+            validated,
+            requester=requester,
+            tenant=tenant,
+            confidence=confidence,
+            results=results,
+        )
     except PolicyError as exc:  # e.g. approvers from a callable that named nobody valid: nothing runs
         return _Asked(args=args, error=f"not run: {exc}", failed=True)
     opening = open_round() if verdict.gated else None
-    return _Asked(args=args, summary=tool.summary(validated), verdict=verdict, opening=opening)
+    return _Asked(args=args, summary=tool.summary(validated), verdict=verdict, opening=opening, confidence=confidence)
 
 
 # Calls made by one invocation, in order: the default index of the next one. The count restarts
@@ -123,10 +140,13 @@ async def _open(
     tenant: str,
     run_id: str | None,
     index: int | None,
+    confidence: float | None = None,
+    results: Mapping[str, Any] | Sequence[ActionRecord] | None = None,
 ) -> tuple[str, int, str, _Asked]:
     _check_people(requester, tenant)
     name = tool if isinstance(tool, str) else tool.name
     where, at = _where(ctx, run_id, index)
+    earlier = results_of(results) if isinstance(results, Sequence) else dict(results or {})
     asked = await ctx.run_typed(
         f"ask policy {name} #{at}",
         _ask,
@@ -135,6 +155,8 @@ async def _open(
         raw=dict(args),
         requester=requester,
         tenant=tenant,
+        confidence=confidence,
+        results=earlier,
     )
     return where, at, name, asked
 
@@ -167,6 +189,7 @@ async def _approval(
         asked.opening,
         context=context,
         trail=trail_of(trail),
+        confidence=asked.confidence,
     )
     record.deviation = deviation
     request = ApprovalRequest(record=record, policy=asked.verdict, goal=facts.goal, model=facts.model, act=act)
@@ -185,14 +208,20 @@ async def request_approval(
     run_id: str | None = None,
     index: int | None = None,
     trail: Sequence[ActionRecord | TrailStep] = (),
+    confidence: float | None = None,
+    results: Mapping[str, Any] | Sequence[ActionRecord] | None = None,
 ) -> ApprovalOutcome:
     """Ask a person before `tool` runs with `args`, and wait (durably, for days if need be) for the
     decision. The policy of the tool decides whether to ask, whom, and how long to wait; nothing runs
     here: an approved outcome carries the arguments to run (edited by the approver, if allowed).
 
     `run_id` and `index` place the approval (its id is `<run_id>-a<index>`, the idempotency key of its
-    effect `<run_id>/<index>`); by default the invocation id and the count of earlier calls."""
-    where, at, name, asked = await _open(ctx, tool, args, requester, tenant, run_id, index)
+    effect `<run_id>/<index>`); by default the invocation id and the count of earlier calls.
+
+    Checkpoints: `confidence` is what the model reported in this call (0..1; None: not reported) and
+    `results` the earlier results of the same run (tool name -> result, or the earlier ActionRecords,
+    whose latest result per tool counts), for a policy's `gate_below_confidence` and `checks`."""
+    where, at, name, asked = await _open(ctx, tool, args, requester, tenant, run_id, index, confidence, results)
     base = ApprovalOutcome(verdict=Outcome.INVALID, run_id=where, index=at, proposed_args=asked.args or dict(args))
     if asked.error is not None:
         verdict = Outcome.FAILED if asked.failed else Outcome.INVALID
@@ -228,6 +257,8 @@ async def gated_call(
     index: int | None = None,
     trail: Sequence[ActionRecord | TrailStep] = (),
     plan: ApprovedPlan | None = None,
+    confidence: float | None = None,
+    results: Mapping[str, Any] | Sequence[ActionRecord] | None = None,
 ) -> ActionRecord:
     """The whole gated action: policy, then (if it asks) the approval, the precondition re-check and
     the effect under its idempotency key `<run_id>/<index>`; the action's record (outcome, arguments as
@@ -235,8 +266,9 @@ async def gated_call(
 
     With `plan` (from `request_plan_approval`): a call inside the approved plan runs at once, linked
     to the plan's approval (`plan_approval_id`) and counted against it; a gated call outside it is a
-    deviation, asked again (the email and page say how it deviates) or refused, as the plan says."""
-    where, at, name, asked = await _open(ctx, tool, args, requester, tenant, run_id, index)
+    deviation, asked again (the email and page say how it deviates) or refused, as the plan says.
+    `confidence` and `results` feed the policy's checkpoints, as for `request_approval`."""
+    where, at, name, asked = await _open(ctx, tool, args, requester, tenant, run_id, index, confidence, results)
     if asked.error is not None:
         outcome = Outcome.FAILED if asked.failed else Outcome.INVALID
         return ActionRecord(
@@ -339,6 +371,7 @@ class GatedCall(BaseModel):
     opening: Opening
     deviation: str | None = None
     """How the call departs from the run's approved plan (shown to the approver)."""
+    confidence: float | None = None
 
 
 async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateResult]:
@@ -377,6 +410,7 @@ async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateRes
                 batch,
                 context=context,
                 trail=trail,
+                confidence=call.confidence,
             )
         )
         records[-1].deviation = call.deviation

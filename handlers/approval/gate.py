@@ -96,6 +96,7 @@ def freeze(
     *,
     context: ActionContext | None = None,
     trail: list[TrailStep] | None = None,
+    confidence: float | None = None,
 ) -> ApprovalRecord:
     """The approval record of one gated call: pure, from the journaled policy answer and opening,
     the facts its tool read (`context`, journaled) and the run's earlier calls (`trail`)."""
@@ -126,6 +127,8 @@ def freeze(
         context_error=context.error if context else None,
         trail=trail or [],
         policy_version=verdict.version,
+        stopped_because=list(verdict.stopped_because),
+        confidence=confidence,
     )
 
 

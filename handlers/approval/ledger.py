@@ -97,7 +97,19 @@ def requested(book: RunBook, record_: ApprovalRecord) -> None:
         # Post-plan gating: only when set, so an ordinary approval's entry keeps its content.
         **({"approval_kind": record_.kind} if record_.kind != "action" else {}),
         **({"deviation": record_.deviation} if record_.deviation else {}),
+        **_checkpoints(record_),
     )
+
+
+def _checkpoints(record_: ApprovalRecord) -> dict[str, Any]:
+    """Why a call was stopped, in the `requested` entry only when a checkpoint stopped it (older
+    entries keep their shape)."""
+    found: dict[str, Any] = {}
+    if record_.stopped_because:
+        found["stopped_because"] = [s.model_dump() for s in record_.stopped_because]
+    if record_.confidence is not None:
+        found["confidence"] = record_.confidence
+    return found
 
 
 def voted(book: RunBook, record_: ApprovalRecord, verdict: Verdict) -> None:
@@ -201,5 +213,6 @@ def finished(book: RunBook, record_: ApprovalRecord, action: ActionRecord, at: f
         if human and record_.decided_at
         else None,
         edited=bool(action.edits),
+        triggers=sorted({s.kind for s in record_.stopped_because}),
     )
     book.ctx.object_send(record, key=record_.tool, arg=sample)

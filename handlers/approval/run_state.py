@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from restate import WorkflowContext, WorkflowSharedContext
 from restate.serde import BytesSerde
 
-from handlers.contract import ActionRecord, ApprovalRecord, Phase
+from handlers.contract import ActionRecord, ApprovalRecord, ModelSwitch, Phase
 from handlers.objects.audit import AuditEntry
 
 HEADER_KEY = "run"
@@ -41,6 +41,8 @@ class RunFacts(BaseModel):
     model: str
     phase: Phase = "planning"
     answer: str | None = None
+    model_switches: list[ModelSwitch] = Field(default_factory=list)
+    """Each time the pinned model was gone (provider 404) and what the run did."""
 
 
 _FACTS = set(RunFacts.model_fields)

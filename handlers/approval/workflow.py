@@ -110,6 +110,7 @@ async def run_status(ctx: WorkflowSharedContext, key: str) -> RunStatus:
         approvals=list(state.approvals.values()),
         history=state.actions,
         answer=state.answer,
+        model_switches=state.model_switches,
     )
 
 

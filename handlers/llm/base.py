@@ -25,6 +25,8 @@ class ToolCall(BaseModel):
     why: str = ""
     problem: str | None = None
     """Set when the provider's call could not be read (e.g. arguments that are not JSON); `args` is then empty."""
+    confidence: float | None = None
+    """The model's confidence in this call (0..1), when its tool asks for one; never part of `args`."""
 
 
 class AssistantTurn(BaseModel):
@@ -61,6 +63,8 @@ class ToolSpec(BaseModel):
     approval: str
     """The policy in words, e.g. `issue_refund: needs approval when amount_usd > 500`."""
     gated: bool = False
+    confidence: bool = False
+    """`parameters` carry the optional `confidence` property the run added (see handlers.llm.confidence)."""
 
 
 class Transcript(BaseModel):
@@ -93,6 +97,10 @@ class ProviderRefused(Exception):
         self.message = message
 
 
+class ModelRetired(ProviderRefused):
+    """The provider no longer serves the model (HTTP 404, model not found): the model was retired."""
+
+
 def bounded(turn: AssistantTurn) -> AssistantTurn:
     """The turn as the run may journal it: a call with oversized arguments keeps only a `problem` the
     model is told about; a reply still over MAX_TURN_BYTES is refused as final."""
@@ -101,6 +109,7 @@ def bounded(turn: AssistantTurn) -> AssistantTurn:
             id=call.id,
             name=call.name,
             why=call.why,
+            confidence=call.confidence,
             problem=f"the arguments are {size} bytes of JSON; at most {MAX_TOOL_ARGS_BYTES} are accepted",
         )
         if (size := args_size(call.args)) > MAX_TOOL_ARGS_BYTES

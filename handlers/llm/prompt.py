@@ -42,6 +42,7 @@ def system_prompt(transcript: Transcript, tools: list[ToolSpec]) -> str:
         "Some tools need a person's approval before they run:",
         *(gated or ["- none"]),
         f"These run without approval: {', '.join(autonomous) or 'none'}.",
+        *_confidence_lines(tools),
         "",
         "When you call a tool that needs approval, the run pauses until an approver decides, which may take "
         "hours. Say in a sentence or two why the call is needed, in the same reply: the approver reads it. "
@@ -55,6 +56,17 @@ def system_prompt(transcript: Transcript, tools: list[ToolSpec]) -> str:
         "happened, including any rejection and its reason.",
     ]
     return "\n".join(lines)
+
+
+def _confidence_lines(tools: list[ToolSpec]) -> list[str]:
+    """Only when a tool asks for the model's confidence (so other prompts stay as they were)."""
+    asked = [t.name for t in tools if t.confidence]
+    if not asked:
+        return []
+    return [
+        f"When you call {', '.join(asked)}, give `confidence`: how sure you are (0 to 1) that this exact call "
+        "is right. Be honest: a low value stops the call for a person's review; it is not passed to the tool."
+    ]
 
 
 def task_message(transcript: Transcript) -> str:

@@ -2,7 +2,9 @@
 
 Guarantee: 408, 409, 429 and 5xx are retryable and carry the provider's own retry delay when it sent
 one (`retry-after-ms`, `retry-after` in seconds or as an HTTP date, capped); every other status is
-final. Messages name the provider, the status and the provider's own explanation.
+final. A 404 that says the model is not found (OpenAI's `model_not_found`, Anthropic's
+`not_found_error` about the model) is `ModelRetired`, a final refusal the agent loop acts on (a
+successor model, or an explicit end). Messages name the provider, the status and its explanation.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from handlers.llm.base import ProviderBusy, ProviderRefused
+from handlers.llm.base import ModelRetired, ProviderBusy, ProviderRefused
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 MAX_RETRY_AFTER_SECONDS = 300.0
@@ -23,7 +25,21 @@ def classify(provider: str, status: int, body: object, headers: Mapping[str, str
     detail = _detail(body)
     if status in RETRYABLE_STATUSES or status >= 500:
         return ProviderBusy(f"{provider} answered HTTP {status}: {detail}", retry_after_seconds(headers))
+    if is_model_retired(status, body):
+        return ModelRetired(f"{provider} refused the request (HTTP {status}): {detail}")
     return ProviderRefused(f"{provider} refused the request (HTTP {status}): {detail}")
+
+
+def is_model_retired(status: int, body: object) -> bool:
+    """Whether an HTTP error says the requested model does not exist (any more). For a user's own
+    loop: pass the provider's status and JSON error body."""
+    if status != 404:
+        return False
+    error: Any = body.get("error", body) if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return False
+    kind = str(error.get("code") or error.get("type") or "")
+    return kind == "model_not_found" or (kind == "not_found_error" and "model" in str(error.get("message", "")).lower())
 
 
 def retry_after_seconds(headers: Mapping[str, str]) -> float | None:

@@ -39,7 +39,9 @@ class ScriptedModel:
         if not group:
             return AssistantTurn(text=answer(transcript))
         calls = [
-            ToolCall(id=f"call_{len(results) + k}", name=step.tool, args=step.args, why=step.why)
+            ToolCall(
+                id=f"call_{len(results) + k}", name=step.tool, args=step.args, why=step.why, confidence=step.confidence
+            )
             for k, step in enumerate(group)
         ]
         return AssistantTurn(tool_calls=calls)

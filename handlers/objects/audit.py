@@ -34,6 +34,7 @@ AuditKind = Literal[
     "executed",
     "outcome",
     "autonomous",
+    "model_retired",
 ]
 GENESIS = "0" * 64
 

@@ -3,6 +3,9 @@
 Guarantee: `ToolStats` (a Virtual Object per tool) counts each approval once (by approval id) from
 journaled sends of the runs (`record` is `ingress_private`); `TrustRamp/report` returns every
 tool's figures as JSON. The graduation hint appears only after enough human decisions with no rejection and no edit.
+Calls stopped by a confidence-gated checkpoint are also counted per trigger (`confidence`, `check`):
+how many it stopped and how many of those people then rejected, so a team sees whether it catches
+what approvers turn down.
 """
 
 from __future__ import annotations
@@ -26,11 +29,30 @@ class OutcomeSample(BaseModel):
     human: bool
     seconds_to_decision: float | None = None
     edited: bool = False
+    triggers: list[str] = Field(default_factory=list)
+    """The checkpoints that stopped the call (`confidence`, `check`); empty when only the policy gated it."""
+
+
+class TriggerFigures(BaseModel):
+    """The calls one kind of checkpoint stopped, and how they ended."""
+
+    gated: int = 0
+    approved: int = 0
+    rejected: int = 0
+    edited: int = 0
+    other: int = 0
+    """Expired, cancelled, superseded, undeliverable or failed."""
+
+    @property
+    def rejection_rate(self) -> float | None:
+        decided = self.approved + self.rejected
+        return round(self.rejected / decided, 3) if decided else None
 
 
 class _Samples(BaseModel):
     samples: list[OutcomeSample] = Field(default_factory=list)
     counts: dict[str, int] = Field(default_factory=dict)
+    triggers: dict[str, TriggerFigures] = Field(default_factory=dict)
 
 
 class ToolFigures(BaseModel):
@@ -45,6 +67,9 @@ class ToolFigures(BaseModel):
     median_seconds_to_decision: float | None
     p90_seconds_to_decision: float | None
     graduation_hint: str | None
+    triggers: dict[str, TriggerFigures] = Field(default_factory=dict)
+    """Per checkpoint kind (`confidence`, `check`): calls it stopped and how people decided them."""
+    trigger_rejection_rates: dict[str, float | None] = Field(default_factory=dict)
 
 
 class TrustReport(BaseModel):
@@ -63,13 +88,25 @@ async def record(ctx: ObjectContext, sample: OutcomeSample) -> None:
         return
     data.samples = [*data.samples, sample][-MAX_SAMPLES:]
     data.counts[sample.outcome] = data.counts.get(sample.outcome, 0) + 1
+    for kind in sample.triggers:
+        counted = data.triggers.setdefault(kind, TriggerFigures())
+        counted.gated += 1
+        if sample.outcome in ("approved", "approved_with_edits"):
+            counted.approved += 1
+        elif sample.outcome == "rejected":
+            counted.rejected += 1
+        else:
+            counted.other += 1
+        counted.edited += int(sample.edited)
     ctx.set("samples", data)
 
 
 @tool_stats.handler(name="stats", kind="shared", journal_retention=retention.NO_JOURNAL)
 async def stats(ctx: ObjectSharedContext) -> ToolFigures:
     data = await ctx.get("samples", type_hint=_Samples) or _Samples()
-    return figures(ctx.key(), data.samples, data.counts, get_settings().trust_ramp_min_decisions)
+    found = figures(ctx.key(), data.samples, data.counts, get_settings().trust_ramp_min_decisions)
+    rates = {kind: counted.rejection_rate for kind, counted in data.triggers.items()}
+    return found.model_copy(update={"triggers": data.triggers, "trigger_rejection_rates": rates})
 
 
 def figures(tool: str, samples: list[OutcomeSample], counts: dict[str, int], min_decisions: int) -> ToolFigures:
@@ -108,5 +145,5 @@ def figures(tool: str, samples: list[OutcomeSample], counts: dict[str, int], min
 @trust_ramp.handler(name="report", journal_retention=retention.NO_JOURNAL)
 async def report(ctx: Context) -> TrustReport:
     """Every gated tool's figures."""
-    tools = [t.name for t in default_registry() if t.policy.gated]
+    tools = [t.name for t in default_registry() if t.policy.gated or t.policy.has_checkpoints]
     return TrustReport(tools=[await ctx.object_call(stats, key=name, arg=None) for name in tools])

@@ -270,6 +270,19 @@ def _stats(args: argparse.Namespace, ops: Operations) -> int:
     if args.json:
         return _out(args, [{**tool, "fatigue": reading_of.get(tool["tool"])} for tool in tools])
     _out(args, tools, _TRUST_COLUMNS)
+    stopped = [
+        {
+            "tool": tool["tool"],
+            "trigger": kind,
+            **counts,
+            "rejection_rate": tool.get("trigger_rejection_rates", {}).get(kind),
+        }
+        for tool in tools
+        for kind, counts in sorted((tool.get("triggers") or {}).items())
+    ]
+    if stopped:
+        print("\nCalls stopped by a checkpoint (low confidence, a failed check), and how people decided them:")
+        _out(args, stopped, ["tool", "trigger", "gated", "approved", "rejected", "edited", "other", "rejection_rate"])
     print(f"\nHow people decide, per tool (fast: under {reading:g} s from opening the page):")
     _out(args, list(reading_of.values()), _READING_COLUMNS)
     print("\nPer approver:")

@@ -28,7 +28,8 @@ import cel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import to_jsonable_python
 
-from handlers.contract import EMAIL_PATTERN
+from handlers.contract import EMAIL_PATTERN, ModelRetiredChoice, StopReason
+from handlers.tools import checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,16 @@ class ToolPolicy(BaseModel):
     plan: PlanPolicy | None = None
     """Ask for a plan before calls of this tool (see PlanPolicy); None: pre-act gating only."""
 
+    # Confidence-gated checkpoints: reasons to stop a call that the fields above let run alone
+    # (never to let one run): see handlers.tools.checkpoints.
+    gate_below_confidence: float | None = Field(default=None, ge=0, le=1)
+    """Stop a call whose reported confidence (0..1) is below this, or that reports none."""
+    checks: tuple[str, ...] = Field(default=(), max_length=checkpoints.MAX_CHECKS)
+    """CEL expressions over `args` and `results` (the run's earlier results by tool name) that must hold."""
+    # When the pinned model is gone as the run goes on after this tool's approval.
+    on_model_retired: ModelRetiredChoice | None = None
+    """"end", or {"successor": "<model id>"}; a run's own choice (AgentTask.on_model_retired) comes first."""
+
     @model_validator(mode="before")
     @classmethod
     def _approvers_in_code(cls, data: Any) -> Any:
@@ -127,6 +138,17 @@ class ToolPolicy(BaseModel):
         if isinstance(when, str):
             check_condition(when)
         return when
+
+    @field_validator("checks")
+    @classmethod
+    def _check_checks(cls, checks: tuple[str, ...]) -> tuple[str, ...]:
+        for expression in checks:
+            checkpoints.check_expression(expression)
+        return checks
+
+    @property
+    def has_checkpoints(self) -> bool:
+        return self.gate_below_confidence is not None or bool(self.checks)
 
     @field_validator("approvers", "escalate_to")
     @classmethod
@@ -147,6 +169,8 @@ class ToolPolicy(BaseModel):
         if self.approvers_from is None:
             if self.gated and not self.approvers:
                 raise ValueError("a gated tool needs at least one approver")
+            if self.has_checkpoints and not self.approvers:
+                raise ValueError("gate_below_confidence and checks need at least one approver (who is asked)")
             if self.quorum > max(1, len(self.approvers)):
                 raise ValueError(f"quorum {self.quorum} needs at least {self.quorum} approvers")
         if self.quorum > 1 and self.escalate_to:
@@ -167,15 +191,23 @@ class ToolPolicy(BaseModel):
         return self
 
     def describe(self, tool: str) -> str:
+        unless = self._checkpoints_text()
         if not self.gated:
-            return f"{tool}: autonomous"
+            return f"{tool}: autonomous" + (f" unless {unless}" if unless else "")
         condition = f" when {describe_condition(self.when)}" if self.when else " always"
         if self.approvers_from is not None:
             named = f"the approvers named by {_name_of(self.approvers_from, 'a function in code')}"
             who = f", {self.quorum} of {named}" if self.quorum > 1 else f", by {named}"
         else:
             who = f", {self.quorum} of {len(self.approvers)} approvers" if self.quorum > 1 else ""
-        return f"{tool}: needs approval{condition}{who}"
+        return f"{tool}: needs approval{condition}{who}" + (f"; also when {unless}" if unless else "")
+
+    def _checkpoints_text(self) -> str:
+        parts = []
+        if self.gate_below_confidence is not None:
+            parts.append(f"the model's confidence is below {self.gate_below_confidence:.2f}")
+        parts += [f"check `{c}` fails" for c in self.checks]
+        return " or ".join(parts)
 
 
 class PolicyVerdict(BaseModel):
@@ -190,15 +222,37 @@ class PolicyVerdict(BaseModel):
     high_stakes: bool = False
     version: str = ""
     """`policy_version` of the tool's policy that gave this answer (empty in older journals)."""
+    stopped_because: list[StopReason] = Field(default_factory=list)
+    """Why a call the policy would let run alone was stopped (confidence, failed checks); may be set on
+    a gated call too, where it tells the approver what else was wrong."""
 
 
 def evaluate(
-    tool: str, policy: ToolPolicy, args: BaseModel | Mapping[str, Any], *, requester: str = "", tenant: str = ""
+    tool: str,
+    policy: ToolPolicy,
+    args: BaseModel | Mapping[str, Any],
+    *,
+    requester: str = "",
+    tenant: str = "",
+    confidence: float | None = None,
+    results: Mapping[str, Any] | None = None,
 ) -> PolicyVerdict:
     """The policy's answer for one call, as plain data. `args` should be the validated arguments
     (a Mapping of JSON values is accepted too, as in tests). Raises PolicyError when approvers given
-    as a callable cannot be named for a gated call; the call must then not run."""
-    gated = policy.gated and (policy.when is None or condition_holds(policy.when, args))
+    as a callable cannot be named for a gated call; the call must then not run. `confidence` (what
+    the model reported) and `results` (the run's earlier results by tool name) feed the checkpoints."""
+    stopped = (
+        checkpoints.stops(
+            below=policy.gate_below_confidence,
+            checks=policy.checks,
+            args=cel_arguments(args),
+            results=cel_arguments(results or {}),
+            confidence=confidence,
+        )
+        if policy.has_checkpoints
+        else []
+    )
+    gated = (policy.gated and (policy.when is None or condition_holds(policy.when, args))) or bool(stopped)
     high = policy.high_stakes and (policy.high_stakes_when is None or condition_holds(policy.high_stakes_when, args))
     resolved = _resolved(tool, policy, gated, ApproverContext(tool, args, requester, tenant))
     return PolicyVerdict(
@@ -207,6 +261,7 @@ def evaluate(
         policy=resolved,
         high_stakes=gated and high,
         version=policy_version(tool, policy),
+        stopped_because=stopped,
     )
 
 
@@ -220,6 +275,9 @@ def policy_version(tool: str, policy: ToolPolicy) -> str:
     plain["approvers_from"] = None if policy.approvers_from is None else _name_of(policy.approvers_from, "code")
     if plain.get("plan") is None:  # a policy without a plan keeps the version it had before plans existed
         plain.pop("plan", None)
+    for name in ("gate_below_confidence", "checks", "on_model_retired"):
+        if not plain.get(name):  # left out at their defaults: the versions of older policies stay as they were
+            plain.pop(name, None)
     canonical = json.dumps({"tool": tool, "policy": plain}, sort_keys=True, separators=(",", ":"))
     return "p-" + hashlib.sha256(b"countersign.policy.v1\x00" + canonical.encode()).hexdigest()[:12]
 
@@ -235,7 +293,7 @@ def _resolved(tool: str, policy: ToolPolicy, gated: bool, context: ApproverConte
         if gated:
             changes["approvers"] = _named(tool, policy.approvers_from, context)
         else:  # nobody is asked about this call, so nobody needs naming
-            changes.update(gated=False, approvers=(), quorum=1)
+            changes.update(gated=False, approvers=(), quorum=1, gate_below_confidence=None, checks=())
     if not changes:
         return policy
     try:

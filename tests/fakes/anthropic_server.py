@@ -33,6 +33,9 @@ class AnthropicFake(FakeProvider):
             return error(400, "invalid_request_error", "anthropic-version: header is required")
         return None
 
+    def model_gone(self, model: str) -> Reply:
+        return error(404, "not_found_error", f"model: {model}")
+
     def no_script(self, model: str, count: int) -> Reply:
         return error(400, "invalid_request_error", f"fake: no reply scripted for request {count} to model {model!r}")
 

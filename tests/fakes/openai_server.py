@@ -31,6 +31,10 @@ class OpenAIFake(FakeProvider):
             return None
         return error(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
 
+    def model_gone(self, model: str) -> Reply:
+        message = f"The model `{model}` does not exist or you do not have access to it."
+        return error(404, message, "invalid_request_error", "model_not_found")
+
     def no_script(self, model: str, count: int) -> Reply:
         return error(400, f"fake: no reply scripted for request {count} to model {model!r}", "invalid_request_error")
 

@@ -3,7 +3,9 @@
 Guarantee: it binds 127.0.0.1 on a port the OS picks, records every request it receives (path,
 headers, JSON body) before answering, routes by the request's `model` field to that model's script
 of replies (so tests sharing one fake never see each other's traffic), and answers a request that
-no script covers with a 400 the run reports, never a hang. `stop()` ends it; every wait is bounded.
+no script covers with a 400 the run reports, never a hang. A model `retire`d answers every later
+request with the provider's own 404 "model not found", as a real provider does for a retired model.
+`stop()` ends it; every wait is bounded.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class FakeProvider:
         self._lock = threading.Lock()
         self._scripts: dict[str, list[Step]] = {}
         self._seen: list[Seen] = []
+        self._retired: set[str] = set()
         self._stopping = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
@@ -75,6 +78,14 @@ class FakeProvider:
         with self._lock:
             self._scripts.setdefault(model, []).extend(steps)
 
+    def retire(self, model: str) -> None:
+        """From now on, every request for `model` gets the provider's 404 model-not-found answer."""
+        with self._lock:
+            self._retired.add(model)
+
+    def model_gone(self, model: str) -> Reply:
+        raise NotImplementedError
+
     def seen(self, model: str) -> list[Seen]:
         with self._lock:
             return [s for s in self._seen if s.body.get("model") == model]
@@ -96,6 +107,8 @@ class FakeProvider:
             count = sum(1 for s in self._seen if s.body.get("model") == model)
             if (refusal := self.refuse_unauthorised(headers)) is not None:
                 return refusal
+            if model in self._retired:
+                return self.model_gone(model)
             script = self._scripts.get(model, [])
             step = script.pop(0) if path == self.path and script else None
         if step is None:
