@@ -1,0 +1,107 @@
+"""The four events, built from the records the runs keep, and sent one way to `WebhookEvents`.
+
+Guarantee: each emit is one journaled one-way send (nothing the run awaits), under an idempotency
+key made from the event's `webhook-id`, which is derived from what the event is about (the approval
+and its round, the run): a replayed run journals the same send, and the same event sent again by
+another handler (a deferred approval is decided in its workflow and acted on by its caller) is
+deduplicated by Restate. Always sent, whether or not an endpoint is configured, so that changing
+COUNTERSIGN_WEBHOOKS never changes what a replay must journal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from restate import Context
+
+from handlers.contract import ActionRecord, ApprovalRecord, RunResult
+from handlers.events.delivery import WebhookEvent, event_id, publish
+from handlers.settings import WebhookEventType
+
+
+def _send(
+    ctx: Context, type: WebhookEventType, about: str, of: tuple[str, str, str], at: float, data: dict[str, Any]
+) -> None:
+    tenant, run_id, subject = of
+    event = WebhookEvent(
+        id=event_id(tenant, about), type=type, tenant=tenant, run_id=run_id, subject=subject, at=at, data=data
+    )
+    ctx.object_send(publish, key=f"{tenant}/{subject}", arg=event, idempotency_key=f"webhook/{event.id}")
+
+
+def approval_requested(ctx: Context, record: ApprovalRecord) -> None:
+    """A round of `record` went out to its approvers (the first one, a re-approval, an escalation...)."""
+    data = {
+        "approval_id": record.approval_id,
+        "run_id": record.run_id,
+        "tenant": record.tenant,
+        "round": record.round,
+        "tool": record.tool,
+        "summary": record.summary,
+        "args": record.args,
+        "digest": record.digest,
+        "approvers": [record.approvers[s] for s in record.active_slots],
+        "quorum": record.quorum,
+        "requested_at": record.round_started_at,
+        "deadline": record.deadline,
+    }
+    about = f"approval.requested/{record.approval_id}/r{record.round}"
+    _send(ctx, "approval.requested", about, _subject(record), record.round_started_at, data)
+
+
+def approval_decided(ctx: Context, record: ApprovalRecord) -> None:
+    """`record` was decided (its state, who and when already set on it)."""
+    at = record.decided_at or record.round_started_at
+    data = {
+        "approval_id": record.approval_id,
+        "run_id": record.run_id,
+        "tenant": record.tenant,
+        "tool": record.tool,
+        "verdict": record.state,
+        "decided_by": record.decided_by,
+        "approved_by": record.approved_by,
+        "source": record.decision_source,
+        "reason": record.reason,
+        "edits": record.edits,
+        "decided_at": at,
+    }
+    _send(ctx, "approval.decided", f"approval.decided/{record.approval_id}", _subject(record), at, data)
+
+
+def action_executed(ctx: Context, record: ApprovalRecord, action: ActionRecord, at: float) -> None:
+    """The approved effect of `record` ran (successfully or not: `ok` says)."""
+    error = (action.result or {}).get("error") if action.outcome.value == "failed" else None
+    data = {
+        "approval_id": record.approval_id,
+        "run_id": record.run_id,
+        "tenant": record.tenant,
+        "tool": record.tool,
+        "args": action.args,
+        "ok": error is None and action.outcome.value != "failed",
+        "outcome": action.outcome.value,
+        "result": None if error is not None else action.result,
+        "error": error,
+        "idempotency_key": action.idempotency_key,
+        "executed_at": at,
+    }
+    _send(ctx, "action.executed", f"action.executed/{record.approval_id}", _subject(record), at, data)
+
+
+def run_finished(ctx: Context, tenant: str, result: RunResult) -> None:
+    """An agent run ended (completed, failed or cancelled). Its time is stamped by `publish` (the run
+    would otherwise journal a clock read of its own)."""
+    data = {
+        "run_id": result.run_id,
+        "tenant": tenant,
+        "status": result.status,
+        "answer": result.answer,
+        "actions": [
+            {"index": a.index, "tool": a.tool, "outcome": a.outcome.value, "approval_id": a.approval_id}
+            for a in result.actions
+        ],
+    }
+    _send(ctx, "run.finished", f"run.finished/{result.run_id}", (tenant, result.run_id, result.run_id), 0.0, data)
+
+
+def _subject(record: ApprovalRecord) -> tuple[str, str, str]:
+    return record.tenant, record.run_id, record.approval_id
