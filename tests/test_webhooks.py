@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from fakes.webhook_receiver import Delivery, WebhookReceiver, config, new_secret, running
@@ -19,6 +19,7 @@ from handlers.events.delivery import WebhookEvent, _plan, event_id
 from handlers.settings import Settings, parse_webhooks
 
 APPROVAL_EVENTS = ["approval.requested", "approval.decided", "action.executed"]
+T = TypeVar("T")
 FAST_RETRIES = {
     "COUNTERSIGN_WEBHOOK_ATTEMPTS": "40",
     "COUNTERSIGN_WEBHOOK_BACKOFF_SECONDS": "0.2",
@@ -40,23 +41,23 @@ def outcomes(stack: IsolatedStack, run_id: str) -> list[dict[str, Any]]:
     return list(response.json()["outcomes"])
 
 
+def at_least(count: int, items: list[T]) -> list[T] | None:
+    return items if len(items) >= count else None
+
+
 def of_run(deliveries: list[Delivery], run_id: str) -> list[Delivery]:
     return [d for d in deliveries if d.data.get("run_id") == run_id]
 
 
 def assert_once_in_order(receiver: WebhookReceiver, run_id: str) -> list[Delivery]:
     """All four events of a one-action run, once each after dedupe by webhook-id, the approval's in order."""
-    events = wait_until(
-        lambda: (got := of_run(receiver.unique(), run_id)) if len(got) >= 4 else None,
-        60,
-        f"the four events of {run_id}",
-    )
+    events = wait_until(lambda: at_least(4, of_run(receiver.unique(), run_id)), 60, f"the four events of {run_id}")
     assert sorted(e.type for e in events) == sorted([*APPROVAL_EVENTS, "run.finished"])
     approval = [e.type for e in events if e.type != "run.finished"]
     assert approval == APPROVAL_EVENTS, "one approval's events arrive in the order they happened"
     assert receiver.rejected == [], "every delivery verifies with the receiver's secret"
     decided = next(e for e in events if e.type == "approval.decided")
-    assert decided.data["verdict"] == "approved" and decided.data["decided_by"] == "bob@example.com"
+    assert decided.data["verdict"] == "approved" and decided.data["decided_by"] == "finance@example.com"
     executed = next(e for e in events if e.type == "action.executed")
     assert executed.data["ok"] is True and executed.data["idempotency_key"] == f"{run_id}/0"
     assert next(e for e in events if e.type == "run.finished").data["status"] == "completed"
@@ -167,13 +168,14 @@ def test_a_down_receiver_delays_no_run_and_then_gets_every_event_once_in_order(p
         receiver.up()
         events = assert_once_in_order(receiver, "wh-down")
         assert receiver.refused_503 == 3
-        log = wait_until(
-            lambda: (got := outcomes(stack, "wh-down")) if len(got) >= 8 else None, 30, "the delivery outcomes"
-        )
+        log = wait_until(lambda: at_least(8, outcomes(stack, "wh-down")), 30, "the delivery outcomes")
         mine = [o for o in log if o["endpoint"] == "r0"]
         assert {o["outcome"] for o in log} == {"delivered"}
         assert {o["webhook_id"] for o in mine} == {e.webhook_id for e in events}
-        assert all(o["attempts"] > 1 for o in mine), "each was refused or failed before it got through"
+        first_tries = {o["type"]: o["attempts"] for o in mine}
+        # The first event of each subject was tried while the receiver was down; the approval's later
+        # ones waited behind it (in order), so they may have needed only one attempt.
+        assert first_tries["approval.requested"] > 1 and first_tries["run.finished"] > 1, first_tries
         # Nothing raced here: each event reached each receiver exactly once, not only once after dedupe.
         assert set(receiver.ids_seen().values()) == {1} and set(other.ids_seen().values()) == {1}
 
