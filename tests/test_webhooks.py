@@ -3,9 +3,11 @@ approval, verified with the Standard Webhooks library; the run never waits for i
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -14,6 +16,7 @@ from fakes.webhook_receiver import Delivery, WebhookReceiver, config, new_secret
 from support.approver import form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import REPO, IsolatedStack, StackFactory, free_port, make_app_env, wait_until
+from test_gate_library import USER_MODULE
 
 from handlers.events.delivery import WebhookEvent, _plan, event_id
 from handlers.settings import Settings, parse_webhooks
@@ -83,13 +86,16 @@ def test_endpoints_setting_parses_json_and_toml_and_names_a_bad_value(tmp_path: 
     assert parse_webhooks(str(toml))["acme"][0].events == ("run.finished",)
     settings = Settings(countersign_webhooks=f'{{"*": [{{"url": "https://all.example", "secret": "{secret}"}}]}}')
     assert [e.url for e in settings.webhook_endpoints("anyone")] == ["https://all.example"]
+    good = {"url": "https://x.example", "secret": secret}
     bad = {
-        '{"acme": [{"url": "ftp://x", "secret": "%s"}]}' % secret: "url",
-        '{"acme": [{"url": "https://x.example", "secret": "nope"}]}': "whsec_",
-        '{"acme": [{"url": "https://x.example", "secret": "%s", "events": ["email.sent"]}]}' % secret: "events",
-        '{"Not A Tenant": [{"url": "https://x.example", "secret": "%s"}]}' % secret: "tenant",
-        '{"acme": []}': "non-empty",
-        '{"acme": [{"url": "https://x.example"}]}': "secret",
+        json.dumps({"acme": [{**good, "url": "ftp://x"}]}): "url",
+        json.dumps({"acme": [{**good, "secret": "nope"}]}): "whsec_",
+        json.dumps({"acme": [{**good, "events": ["email.sent"]}]}): "events",
+        json.dumps({"acme": [{**good, "colour": "red"}]}): "colour",
+        json.dumps({"acme": [good, good]}): "same name or URL",
+        json.dumps({"Not A Tenant": [good]}): "tenant",
+        json.dumps({"acme": []}): "non-empty",
+        json.dumps({"acme": [{"url": good["url"]}]}): "secret",
         "{not json": "JSON",
         str(tmp_path / "missing.toml"): "cannot read",
     }
@@ -216,3 +222,41 @@ def test_kill9_of_the_handler_during_a_delivery_still_delivers_each_event_once(p
         # The POST the kill interrupted may be seen twice (its step ran again), under the same id.
         assert all(counts[e.webhook_id] in (1, 2) for e in events)
         assert refunds_for(stack.db_path, "wh-kill") == [("wh-kill/0", order, 80000)]
+
+
+def test_a_users_own_gated_call_emits_the_approval_events_and_one_stuck_approval_holds_back_no_other(
+    private_stacks: StackFactory, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    (project / "myshop").mkdir(parents=True)
+    (project / "myshop" / "__init__.py").write_text("")
+    (project / "myshop" / "agents.py").write_text(textwrap.dedent(USER_MODULE))
+    with running() as receiver:
+        receiver.refuse_runs.add("lib-stuck")
+        stack = private_stacks(
+            app_env={
+                **FAST_RETRIES,
+                "COUNTERSIGN_SERVICES": "myshop.agents:served",
+                "PYTHONPATH": str(project),
+                "COUNTERSIGN_WEBHOOKS": config("default", receiver),
+            }
+        )
+        calls = {}
+        for run_id, verdict in (("lib-stuck", "approve"), ("lib-no", "reject")):
+            order = new_order(stack.db_path, 90000)
+            args = {"order_id": order, "amount_usd": "800.00", "reason": "late"}
+            ask = {"run_id": run_id, "tool": "issue_refund", "args": args}
+            calls[run_id] = stack.ingress.send("RefundDesk", f"customer-{run_id}", "act", ask)
+            [mail] = wait_for_email(stack.outbox_dir, run_id)
+            assert submit(mail.link, verdict, reason="not this one").status_code == 200
+            stack.ingress.wait_invocation(calls[run_id])
+        # The endpoint is the same, the approvals are not: the one it refuses holds back only its own.
+        rejected = wait_until(lambda: at_least(2, of_run(receiver.unique(), "lib-no")), 30, "lib-no's events")
+        assert [e.type for e in rejected] == ["approval.requested", "approval.decided"]
+        assert rejected[1].data["verdict"] == "rejected" and rejected[1].data["reason"] == "not this one"
+        assert of_run(receiver.unique(), "lib-stuck") == []
+        receiver.refuse_runs.clear()
+        stuck = wait_until(lambda: at_least(3, of_run(receiver.unique(), "lib-stuck")), 60, "lib-stuck's events")
+        assert [e.type for e in stuck] == APPROVAL_EVENTS
+        assert stuck[2].data["ok"] is True and stuck[2].data["idempotency_key"] == "lib-stuck/0"
+        assert receiver.rejected == []

@@ -1,9 +1,9 @@
 """Delivering one event to its endpoints: fan-out, signed POSTs with retries, and the outcome log.
 
-Guarantee: `WebhookEvents.publish` (key `<tenant>/<subject>`, the subject being the approval, or the
+Guarantee: `WebhookEvents.publish` (key `<tenant>:<subject>`, the subject being the approval, or the
 run for `run.finished`) handles one subject's events one at a time, in the order they were sent, and
 hands each to `WebhookDelivery.deliver` once per subscribed endpoint (key
-`<tenant>/<endpoint>/<subject>`). That object, exclusive per key, delivers the subject's events to
+`<tenant>:<endpoint>:<subject>`). That object, exclusive per key, delivers the subject's events to
 its endpoint in order, so a receiver that is down holds back only its own deliveries of that
 subject: other subjects and other endpoints go on. Each attempt is one journaled step that signs the
 same body under the same `webhook-id` (with the attempt's own timestamp, as the spec asks); between
@@ -135,7 +135,7 @@ async def publish(ctx: ObjectContext, event: WebhookEvent) -> int:
     for endpoint in targets.endpoints:
         ctx.object_send(
             deliver,
-            key=f"{event.tenant}/{endpoint}/{event.subject}",
+            key=f"{event.tenant}:{endpoint}:{event.subject}",
             arg=event,
             idempotency_key=f"webhook/{event.id}/{endpoint}",
         )
@@ -198,7 +198,7 @@ def _retry_after(value: str | None) -> float | None:
 @webhook_delivery.handler(name="deliver", ingress_private=True)
 async def deliver(ctx: ObjectContext, event: WebhookEvent) -> DeliveryOutcome:
     """POST `event` to this key's endpoint until it answers 2xx or the attempts run out."""
-    tenant, endpoint, _ = ctx.key().split("/", 2)
+    tenant, endpoint, _ = ctx.key().split(":", 2)
     plan = await ctx.run_typed("retry plan", _plan, webhook_id=event.id)
     attempt = Attempt(delivered=False)
     count = 0

@@ -26,7 +26,7 @@ def _send(
     event = WebhookEvent(
         id=event_id(tenant, about), type=type, tenant=tenant, run_id=run_id, subject=subject, at=at, data=data
     )
-    ctx.object_send(publish, key=f"{tenant}/{subject}", arg=event, idempotency_key=f"webhook/{event.id}")
+    ctx.object_send(publish, key=f"{tenant}:{subject}", arg=event, idempotency_key=f"webhook/{event.id}")
 
 
 def approval_requested(ctx: Context, record: ApprovalRecord) -> None:

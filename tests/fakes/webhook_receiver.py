@@ -4,9 +4,9 @@ Guarantee: every request is verified from the receiver's side with the same libr
 with (headers, signature, timestamp tolerance); `deliveries` holds each verified one in arrival order
 (duplicates included, so a test can count them), `rejected` the ones that failed verification. The
 receiver can be down: `down()` closes its listening socket (connection refused) and `up()` binds the
-same port again; `failing(n)` answers the next n requests 503 instead; `hold` makes requests wait
-(up to a bound) until released. It binds 127.0.0.1 on a free port in a thread of the test process;
-`stop` (or leaving `running()`) shuts it down and joins the thread.
+same port again; `failing(n)` answers the next n requests 503 instead (`refuse_runs`: those of some
+runs); `hold` makes requests wait (up to a bound) until released. It binds 127.0.0.1 on a free port
+in a thread of the test process; `stop` (or leaving `running()`) shuts it down and joins the thread.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class WebhookReceiver:
         self.deliveries: list[Delivery] = []
         self.rejected: list[str] = []
         self.refused_503 = 0
+        self.refuse_runs: set[str] = set()
+        """Runs whose events are answered 503 (a receiver that chokes on one subject only)."""
         self._failing = 0
         self._lock = threading.Lock()
         self._released = threading.Event()
@@ -115,9 +117,9 @@ class WebhookReceiver:
 
     def _answer(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
         with self._lock:
-            fail = self._failing > 0
+            fail = self._failing > 0 or _run_of(body) in self.refuse_runs
             if fail:
-                self._failing -= 1
+                self._failing = max(0, self._failing - 1)
                 self.refused_503 += 1
         if fail:
             handler.send_response(503)
@@ -157,6 +159,13 @@ class WebhookReceiver:
             for delivery in self.deliveries:
                 counts[delivery.webhook_id] = counts.get(delivery.webhook_id, 0) + 1
         return counts
+
+
+def _run_of(body: bytes) -> str | None:
+    try:
+        return str(json.loads(body)["data"]["run_id"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 @contextmanager
