@@ -84,7 +84,8 @@ def test_endpoints_setting_parses_json_and_toml_and_names_a_bad_value(tmp_path: 
     toml = tmp_path / "hooks.toml"
     toml.write_text(f'[[acme]]\nurl = "https://a.example/h"\nsecret = "{secret}"\nevents = ["run.finished"]\n')
     assert parse_webhooks(str(toml))["acme"][0].events == ("run.finished",)
-    settings = Settings(countersign_webhooks=f'{{"*": [{{"url": "https://all.example", "secret": "{secret}"}}]}}')
+    everyone = parse_webhooks(f'{{"*": [{{"url": "https://all.example", "secret": "{secret}"}}]}}')
+    settings = Settings(countersign_webhooks=everyone)
     assert [e.url for e in settings.webhook_endpoints("anyone")] == ["https://all.example"]
     good = {"url": "https://x.example", "secret": secret}
     bad = {
