@@ -97,7 +97,7 @@ def parse_webhooks(raw: object) -> dict[str, tuple[WebhookEndpoint, ...]]:
     for tenant, items in data.items():
         if tenant != ALL_TENANTS and not re.match(NAME_PATTERN, str(tenant)):
             raise ValueError(f"{str(tenant)[:60]!r} is not a tenant name (or * for every tenant)")
-        if not isinstance(items, list) or not items:
+        if not isinstance(items, list | tuple) or not items:
             raise ValueError(f"tenant {tenant!r}: give a non-empty list of endpoints")
         try:
             parsed = tuple(WebhookEndpoint.model_validate(item) for item in items)

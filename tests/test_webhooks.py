@@ -17,6 +17,7 @@ from support.approver import form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import REPO, IsolatedStack, StackFactory, free_port, make_app_env, wait_until
 from test_gate_library import USER_MODULE
+from test_operations import cli
 
 from handlers.events.delivery import WebhookEvent, _plan, event_id
 from handlers.settings import Settings, parse_webhooks
@@ -185,6 +186,13 @@ def test_a_down_receiver_delays_no_run_and_then_gets_every_event_once_in_order(p
         assert first_tries["approval.requested"] > 1 and first_tries["run.finished"] > 1, first_tries
         # Nothing raced here: each event reached each receiver exactly once, not only once after dedupe.
         assert set(receiver.ids_seen().values()) == {1} and set(other.ids_seen().values()) == {1}
+        # Where an operator sees it: `python -m handlers show`.
+        shown = cli(stack.restate, "show", "wh-down", "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert {(o["endpoint"], o["outcome"]) for o in json.loads(shown.stdout)["webhooks"]} == {
+            ("r0", "delivered"),
+            ("r1", "delivered"),
+        }
 
 
 def test_a_receiver_that_stays_down_is_given_up_after_bounded_attempts(private_stacks: StackFactory) -> None:
