@@ -268,4 +268,15 @@ def test_a_users_own_gated_call_emits_the_approval_events_and_one_stuck_approval
         stuck = wait_until(lambda: at_least(3, of_run(receiver.unique(), "lib-stuck")), 60, "lib-stuck's events")
         assert [e.type for e in stuck] == APPROVAL_EVENTS
         assert stuck[2].data["ok"] is True and stuck[2].data["idempotency_key"] == "lib-stuck/0"
+
+        # A call the policy lets run alone is an action too: executed, with no approval.
+        order = new_order(stack.db_path, 5000)
+        lookup = {"tool": "lookup_order", "args": {"order_id": order}}
+        stack.ingress.start_run("lib-auto", {"goal": "look", "requester": "alice@example.com", "script": [lookup]})
+        assert stack.ingress.wait_output("lib-auto").json()["status"] == "completed"
+        alone = wait_until(lambda: at_least(2, of_run(receiver.unique(), "lib-auto")), 30, "lib-auto's events")
+        assert sorted(e.type for e in alone) == ["action.executed", "run.finished"]
+        executed = next(e for e in alone if e.type == "action.executed")
+        assert executed.data["autonomous"] is True and executed.data["approval_id"] is None
+        assert executed.data["tool"] == "lookup_order" and executed.data["ok"] is True
         assert receiver.rejected == []

@@ -70,21 +70,36 @@ def approval_decided(ctx: Context, record: ApprovalRecord) -> None:
 
 def action_executed(ctx: Context, record: ApprovalRecord, action: ActionRecord, at: float) -> None:
     """The approved effect of `record` ran (successfully or not: `ok` says)."""
+    _executed(ctx, (record.tenant, record.run_id, record.approval_id), action, at, approval_id=record.approval_id)
+
+
+def autonomous_executed(ctx: Context, tenant: str, run_id: str, subject: str, action: ActionRecord, at: float) -> None:
+    """A call the policy let run without a person ran (`autonomous: true`, no approval id);
+    `subject` is the key its audit trail has (`<run_id>-a<index>`)."""
+    _executed(ctx, (tenant, run_id, subject), action, at, approval_id=None)
+
+
+def _executed(
+    ctx: Context, of: tuple[str, str, str], action: ActionRecord, at: float, *, approval_id: str | None
+) -> None:
+    tenant, run_id, subject = of
     error = (action.result or {}).get("error") if action.outcome.value == "failed" else None
     data = {
-        "approval_id": record.approval_id,
-        "run_id": record.run_id,
-        "tenant": record.tenant,
-        "tool": record.tool,
+        "approval_id": approval_id,
+        "autonomous": approval_id is None,
+        "run_id": run_id,
+        "tenant": tenant,
+        "index": action.index,
+        "tool": action.tool,
         "args": action.args,
-        "ok": error is None and action.outcome.value != "failed",
+        "ok": action.outcome.value != "failed",
         "outcome": action.outcome.value,
         "result": None if error is not None else action.result,
         "error": error,
         "idempotency_key": action.idempotency_key,
         "executed_at": at,
     }
-    _send(ctx, "action.executed", f"action.executed/{record.approval_id}", _subject(record), at, data)
+    _send(ctx, "action.executed", f"action.executed/{subject}", of, at, data)
 
 
 def run_finished(ctx: Context, tenant: str, result: RunResult) -> None:
