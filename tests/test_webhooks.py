@@ -153,9 +153,9 @@ def test_a_bad_endpoint_setting_stops_the_process_at_start(tmp_path: Path, value
 # Against the real restate-server and handlers
 
 
-def test_a_down_receiver_delays_no_run_and_then_gets_every_event_once_in_order(private_stacks: StackFactory) -> None:
+def test_a_down_receiver_delays_no_run_and_then_gets_every_event_once_in_order(isolated_stack: StackFactory) -> None:
     with running(start_up=False) as receiver, running() as other:
-        stack = private_stacks(
+        stack = isolated_stack(
             app_env={
                 **FAST_RETRIES,
                 "COUNTERSIGN_WEBHOOKS": config("default", receiver, other),
