@@ -9,22 +9,107 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import hashlib
+import json
 import re
+import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from handlers.contract import EMAIL_PATTERN
+from handlers.contract import EMAIL_PATTERN, NAME_PATTERN
 
 SigningKeys = Annotated[dict[str, bytes], NoDecode]
 _DOMAIN = re.compile(r"^@[a-z0-9-]{1,63}(\.[a-z0-9-]{1,63})*\.[a-z]{2,24}$")
 _TOOLS_SPEC = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 _IDENTITY_KEY = re.compile(r"^publickeyv1_[1-9A-HJ-NP-Za-km-z]{32,64}$")
 _SERVICE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+WebhookEventType = Literal["approval.requested", "approval.decided", "action.executed", "run.finished"]
+WEBHOOK_EVENT_TYPES: tuple[WebhookEventType, ...] = (
+    "approval.requested",
+    "approval.decided",
+    "action.executed",
+    "run.finished",
+)
+ALL_TENANTS = "*"
+"""A COUNTERSIGN_WEBHOOKS key whose endpoints receive the events of every tenant."""
 SHARED_LISTENER = "shared"
 """RESTATE_ENDPOINT_BIND value that serves the Restate endpoint on the pages' port (one-port platforms)."""
+
+
+class WebhookEndpoint(BaseModel):
+    """One receiver of signed outbound webhooks (an entry of COUNTERSIGN_WEBHOOKS)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(pattern=r"^https?://[^\s/?#]+[^\s]*$", max_length=2000)
+    secret: SecretStr
+    """The Standard Webhooks `whsec_<base64>` secret the receiver verifies signatures with."""
+    events: tuple[WebhookEventType, ...] = WEBHOOK_EVENT_TYPES
+    name: str = Field(default="", pattern=r"^([a-z0-9][a-z0-9_-]{0,39})?$")
+    """Stable id of the endpoint (deliveries in flight find it by name); default: from the URL."""
+
+    @field_validator("secret")
+    @classmethod
+    def _whsec(cls, secret: SecretStr) -> SecretStr:
+        raw = secret.get_secret_value()
+        try:
+            decoded = base64.b64decode(raw.removeprefix("whsec_"), validate=True) if raw.startswith("whsec_") else b""
+        except binascii.Error:
+            decoded = b""
+        if not 24 <= len(decoded) <= 64:
+            raise ValueError("a secret must be whsec_ followed by 24 to 64 bytes in base64")
+        return secret
+
+    @property
+    def id(self) -> str:
+        return self.name or "url-" + hashlib.sha256(self.url.encode()).hexdigest()[:10]
+
+
+WebhookEndpoints = Annotated[dict[str, tuple[WebhookEndpoint, ...]], NoDecode]
+
+
+def parse_webhooks(raw: object) -> dict[str, tuple[WebhookEndpoint, ...]]:
+    """COUNTERSIGN_WEBHOOKS: a JSON object, or the path of a .toml or .json file holding one, mapping a
+    tenant (or `*`) to a list of `{url, secret, events?, name?}`. ValueError naming the problem."""
+    if isinstance(raw, dict):
+        data: Any = raw
+    else:
+        text = str(raw or "").strip()
+        if not text:
+            return {}
+        try:
+            if text.startswith("{"):
+                data = json.loads(text)
+            else:
+                path = Path(text)
+                body = path.read_text(encoding="utf-8")
+                data = tomllib.loads(body) if path.suffix == ".toml" else json.loads(body)
+        except OSError as exc:
+            raise ValueError(f"cannot read {text[:200]!r}: {exc.strerror}") from None
+        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"not valid JSON or TOML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError("must map tenant names to lists of endpoints")
+    endpoints: dict[str, tuple[WebhookEndpoint, ...]] = {}
+    for tenant, items in data.items():
+        if tenant != ALL_TENANTS and not re.match(NAME_PATTERN, str(tenant)):
+            raise ValueError(f"{str(tenant)[:60]!r} is not a tenant name (or * for every tenant)")
+        if not isinstance(items, list | tuple) or not items:
+            raise ValueError(f"tenant {tenant!r}: give a non-empty list of endpoints")
+        try:
+            parsed = tuple(WebhookEndpoint.model_validate(item) for item in items)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "endpoint"
+            raise ValueError(f"tenant {tenant!r}: {where}: {first['msg'].removeprefix('Value error, ')}") from None
+        ids = [e.id for e in parsed]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"tenant {tenant!r}: two endpoints have the same name or URL")
+        endpoints[str(tenant)] = parsed
+    return endpoints
 
 
 class Settings(BaseSettings):
@@ -81,6 +166,13 @@ class Settings(BaseSettings):
     # Whom an operator may hand an approval to besides the tool's approvers and escalation chain:
     # addresses and `@domain` entries, comma-separated. Empty: only the policy's people.
     approvals_reassign_allowed: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Signed outbound webhooks (handlers/events/): the endpoints per tenant, and the bounded retries
+    # of each delivery (the defaults keep trying for about a day, with durable timers in between).
+    countersign_webhooks: WebhookEndpoints = Field(default_factory=dict)
+    countersign_webhook_attempts: int = Field(default=15, ge=1, le=50)
+    countersign_webhook_backoff_seconds: float = Field(default=30.0, gt=0, le=3600)
+    countersign_webhook_backoff_max_seconds: float = Field(default=14400.0, gt=0, le=86400)
+    countersign_webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
 
     @field_validator("approvals_signing_keys", mode="before")
     @classmethod
@@ -130,6 +222,17 @@ class Settings(BaseSettings):
             if not _SERVICE_PATH.match(path):
                 raise ValueError(f"{path[:80]!r} is not package.module:ATTR (comma-separated for several)")
         return paths
+
+    @field_validator("countersign_webhooks", mode="before")
+    @classmethod
+    def _parse_webhooks(cls, raw: object) -> dict[str, tuple[WebhookEndpoint, ...]]:
+        return parse_webhooks(raw)
+
+    def webhook_endpoints(self, tenant: str) -> tuple[WebhookEndpoint, ...]:
+        """The endpoints that receive `tenant`'s events: its own, then those for every tenant."""
+        own = self.countersign_webhooks.get(tenant, ())
+        names = {e.id for e in own}
+        return own + tuple(e for e in self.countersign_webhooks.get(ALL_TENANTS, ()) if e.id not in names)
 
     @field_validator("approvals_reassign_allowed", mode="before")
     @classmethod

@@ -46,6 +46,7 @@ BOTH_PROTOCOLS = frozenset(
         "test_openai_agents",
         "test_pydantic_ai",
         "test_serverless",
+        "test_webhooks",
     }
 )
 """Modules whose runs pause, resume and replay in the handler, where request/response differs from a

@@ -48,6 +48,15 @@ def forged_entry(run_id: str, approval: str, kind: str, entry_id: str) -> dict[s
 
 def internal_calls(run_id: str, approval: str) -> list[tuple[str, str, str, dict[str, Any]]]:
     """(service, key, handler, a well-formed body) of every handler only Countersign's services call."""
+    event = {
+        "id": "evt_" + "0" * 32,
+        "type": "approval.decided",
+        "tenant": "default",
+        "run_id": run_id,
+        "subject": approval,
+        "at": 1.0,
+        "data": {"verdict": "approved", "forged": True},
+    }
     inbox_entry = {
         "approval_id": approval,
         "run_id": run_id,
@@ -123,6 +132,23 @@ def internal_calls(run_id: str, approval: str) -> list[tuple[str, str, str, dict
                 "failed_slots": [0],
             },
         ),
+        ("WebhookEvents", f"default:{approval}", "publish", event),
+        ("WebhookDelivery", f"default:r0:{approval}", "deliver", event),
+        (
+            "WebhookLog",
+            run_id,
+            "record",
+            {
+                "webhook_id": event["id"],
+                "type": "approval.decided",
+                "tenant": "default",
+                "subject": approval,
+                "endpoint": "r0",
+                "outcome": "delivered",
+                "attempts": 1,
+                "at": 1.0,
+            },
+        ),
     ]
 
 
@@ -157,6 +183,7 @@ def test_the_ingress_refuses_every_internal_handler_and_nothing_changes(
     assert inbox(ingress, "mallory@evil.test") == []
     assert ingress.call("ToolStats", "issue_refund", "stats", None).json() == stats_before
     assert ingress.call("EmailDelivery", approval, "log", None).json()["events"] == []
+    assert ingress.call("WebhookLog", run_id, "outcomes", None).json()["outcomes"] == []
     [pending] = ingress.status(run_id)["pending"]
     assert pending["approvers"] == ["finance@example.com"] and pending["round"] == 1
 
@@ -283,6 +310,7 @@ def test_public_handlers_stay_public(app_server: AppServer, restate_server: Rest
         "ToolStats": {"stats"},
         "TrustRamp": {"report"},
         "ResendWebhook": {"receive"},
+        "WebhookLog": {"outcomes"},
     }
     private = {
         "AgentRun": {"delivery_failed"},
@@ -291,6 +319,9 @@ def test_public_handlers_stay_public(app_server: AppServer, restate_server: Rest
         "ApprovalAudit": {"append", "append_all"},
         "EmailDelivery": {"record"},
         "ToolStats": {"record"},
+        "WebhookEvents": {"publish"},
+        "WebhookDelivery": {"deliver"},
+        "WebhookLog": {"record"},
     }
     for service in public:
         described = httpx.get(f"{restate_server.admin_url}/services/{service}", timeout=10).json()

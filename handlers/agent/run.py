@@ -48,6 +48,7 @@ from handlers.contract import (
     Successor,
 )
 from handlers.errors import is_cancellation
+from handlers.events import emit as events
 from handlers.llm import ModelUnavailable, check_model, confidence, load_model
 from handlers.llm.base import (
     AssistantTurn,
@@ -461,13 +462,15 @@ def _finish(book: RunBook, status: str, answer: str) -> RunResult:
     book.state.answer = answer
     book.save()
     ledger.flush(book)
-    return RunResult(
+    result = RunResult(
         run_id=book.state.run_id,
         status=status,  # type: ignore[arg-type]
         answer=answer,
         model=book.state.model,
         actions=book.state.actions,
     )
+    events.run_finished(book.ctx, book.state.tenant, result)
+    return result
 
 
 @agent_run.handler(name="status", journal_retention=retention.NO_JOURNAL)

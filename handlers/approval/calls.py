@@ -30,6 +30,7 @@ from handlers.approval.waiting import Waiter, notify_batch
 from handlers.approval.workflow import ApprovalRequest
 from handlers.approval.workflow import run as approval_run
 from handlers.contract import EMAIL_PATTERN, NAME_PATTERN, ActionRecord, DecisionSource, Outcome, Plan, TrailStep
+from handlers.events import emit as events
 from handlers.objects.audit import AuditEntry
 from handlers.objects.audit import append as audit_append
 from handlers.security import links
@@ -356,6 +357,7 @@ async def run_alone(
             },
         )
         ctx.object_send(audit_append, key=approval_id, arg=entry)
+        events.autonomous_executed(ctx, tenant, run_id, approval_id, action, run.at)
     return action
 
 

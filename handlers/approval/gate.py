@@ -23,6 +23,7 @@ from handlers.approval.run_state import RunBook, RunFacts
 from handlers.approval.verdict import Verdict, state_of
 from handlers.approval.waiting import Waiter, send_step, wait_all
 from handlers.contract import ActionRecord, ApprovalRecord, ApprovalState, Outcome, TrailStep
+from handlers.events import emit as events
 from handlers.mail.outcome_email import NoticeOutcome, send_outcome_notice
 from handlers.security import links
 from handlers.tools import default_registry
@@ -263,6 +264,7 @@ def _decided(book: RunBook, record: ApprovalRecord, final: Verdict, state: Appro
     record.reason = final.reason
     record.approved_by = sorted({v.by for v in record.approvals_in_round() if v.by})
     record.decided_by = ", ".join(record.approved_by) if final.kind == "approve" and final.by else final.by
+    events.approval_decided(book.ctx, record)
     book.state.phase = "acting"
     book.save()
 
@@ -321,5 +323,6 @@ async def _execute(
     action = _action(record, final, state if run.ok else "failed", args=executed)
     action.idempotency_key = idempotency_key(record.run_id, record.index)
     action.result = run.result if run.ok else {"error": run.error}
+    events.action_executed(book.ctx, record, action, run.at or final.at)
     ledger.finished(book, record, action, final.at)
     return GateResult(record=record, action=action)

@@ -14,6 +14,7 @@ from typing import Any
 from handlers.approval.run_state import RunBook
 from handlers.approval.verdict import Verdict
 from handlers.contract import ActionRecord, ApprovalRecord
+from handlers.events import emit as events
 from handlers.objects.audit import AuditEntries, AuditEntry, AuditKind, append_all
 from handlers.objects.inbox import InboxChange, InboxEntry, InboxEvent, apply
 from handlers.objects.trust import OutcomeSample, record
@@ -73,6 +74,7 @@ def flush(book: RunBook) -> None:
 
 def requested(book: RunBook, record_: ApprovalRecord) -> None:
     inbox(book, record_, "add", record_.active_slots)
+    events.approval_requested(book.ctx, record_)
     audit(
         book,
         record_,

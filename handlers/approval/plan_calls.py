@@ -35,6 +35,7 @@ from handlers.approval.run_state import RunBook, RunFacts
 from handlers.approval.workflow import ApprovalRequest
 from handlers.approval.workflow import run as approval_run
 from handlers.contract import ActionRecord, ApprovalRecord, Outcome, Plan
+from handlers.events import emit as events
 from handlers.objects.audit import AuditEntry
 from handlers.objects.audit import append as audit_append
 from handlers.security import links
@@ -190,6 +191,8 @@ async def run_in_plan(
             },
         )
         ctx.object_send(audit_append, key=plan.approval_id, arg=entry)
+    if run.at is not None:
+        events.in_plan_executed(ctx, tenant, run_id, action, run.at)
     return action
 
 

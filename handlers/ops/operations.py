@@ -163,6 +163,7 @@ class Operations:
         if status.get("phase") == "unknown":
             raise OperationError(f"no run {run_id}")
         status["audit"] = {a["approval_id"]: self.audit_log(a["approval_id"]) for a in status["approvals"]}
+        status["webhooks"] = self._call("WebhookLog", run_id, "outcomes", None)["outcomes"]
         return dict(status)
 
     def _check_keys(self, run_id: str) -> None:

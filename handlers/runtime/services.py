@@ -28,13 +28,26 @@ class ServicesError(ValueError):
 def countersign_services() -> list[RestateService]:
     from handlers.agent.run import agent_run
     from handlers.approval.workflow import approval
+    from handlers.events.delivery import webhook_delivery, webhook_events, webhook_log
     from handlers.objects.audit import approval_audit
     from handlers.objects.delivery import email_delivery
     from handlers.objects.inbox import approval_inbox
     from handlers.objects.resend_events import resend_webhook
     from handlers.objects.trust import tool_stats, trust_ramp
 
-    return [agent_run, approval, approval_inbox, approval_audit, tool_stats, trust_ramp, email_delivery, resend_webhook]
+    return [
+        agent_run,
+        approval,
+        approval_inbox,
+        approval_audit,
+        tool_stats,
+        trust_ramp,
+        email_delivery,
+        resend_webhook,
+        webhook_events,
+        webhook_delivery,
+        webhook_log,
+    ]
 
 
 def load(spec: str) -> list[RestateService]:
