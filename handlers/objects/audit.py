@@ -34,6 +34,7 @@ AuditKind = Literal[
     "executed",
     "outcome",
     "autonomous",
+    "slack_posted",
 ]
 GENESIS = "0" * 64
 

@@ -28,13 +28,24 @@ class ServicesError(ValueError):
 def countersign_services() -> list[RestateService]:
     from handlers.agent.run import agent_run
     from handlers.approval.workflow import approval
+    from handlers.channels.slack_messages import slack_messages
     from handlers.objects.audit import approval_audit
     from handlers.objects.delivery import email_delivery
     from handlers.objects.inbox import approval_inbox
     from handlers.objects.resend_events import resend_webhook
     from handlers.objects.trust import tool_stats, trust_ramp
 
-    return [agent_run, approval, approval_inbox, approval_audit, tool_stats, trust_ramp, email_delivery, resend_webhook]
+    return [
+        agent_run,
+        approval,
+        approval_inbox,
+        approval_audit,
+        tool_stats,
+        trust_ramp,
+        email_delivery,
+        resend_webhook,
+        slack_messages,
+    ]
 
 
 def load(spec: str) -> list[RestateService]:
