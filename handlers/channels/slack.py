@@ -248,14 +248,14 @@ def modal(state: ModalState, summary: str, confirm_value: str | None) -> dict[st
 def final_line(state: str, by: str | None, via: str | None, at: float | None, reason: str | None) -> str:
     """The status a decided (or otherwise closed) approval's messages show: who, how, when."""
     when = f" at {_when(at)}" if at is not None else ""
-    how = {"slack": " in Slack", "email": " by email"}.get(via or "", "")
+    how = {"slack": " (decided in Slack)", "email": " (decided by email)"}.get(via or "", "")
     because = f" Reason: {reason}" if reason else ""
     match state:
         case "approved" | "approved_with_edits":
             edited = " with edits" if state == "approved_with_edits" else ""
-            return f"Approved{edited}: decided{how} by {by or 'the approvers'}{when}."
+            return f"Approved{edited} by {by or 'the approvers'}{how}{when}."
         case "rejected":
-            return f"Rejected: decided{how} by {by or 'an approver'}{when}. Nothing ran.{because}"
+            return f"Rejected by {by or 'an approver'}{how}{when}. Nothing ran.{because}"
         case "expired":
             return f"Expired: nobody decided before the deadline{when}. Nothing ran."
         case "cancelled":
