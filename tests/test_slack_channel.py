@@ -196,3 +196,26 @@ def test_slack_in_a_policy_without_its_settings_stops_the_start(tmp_path: Path) 
         startup.require_slack(Settings(**keys, slack_bot_token="xoxb-1"), tools)  # type: ignore[arg-type]
     startup.require_slack(Settings(**keys, slack_bot_token="xoxb-1", slack_signing_secret="s"), tools)  # type: ignore[arg-type]
     startup.require_slack(Settings(**keys), Registry(load_tools([DEMO_TOOLS]), None))  # type: ignore[arg-type]
+
+
+def test_a_reminder_an_expiry_and_a_cancel_rewrite_the_slack_message_in_place(
+    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY + "reminders_seconds = [2]\ndeadline_seconds = 5\n")
+    stack = isolated_stack(app_env={**slack_env(fake), "APPROVALS_POLICY_FILE": str(policy)})
+    stack.ingress.start_run(run_id, refund(new_order(stack.db_path, 100000)))
+    [message] = fake.wait_message()
+    reminded = wait_until(lambda: message.updates or None, 30, "the reminder")
+    assert "Reminder 1" in texts(reminded[0]["blocks"]) and len(message.buttons) == 2, "still decides"
+    wait_until(lambda: len(message.updates) >= 2 or None, 30, "the expiry")
+    assert "Expired" in texts(message.current["blocks"]) and message.buttons == []
+    assert stack.ingress.wait_output(run_id, timeout=60).json()["actions"][0]["outcome"] == "expired"
+    assert len(fake.messages) == 1, "a reminder rewrites the message, it posts no new one"
+
+    cancelled = f"{run_id}-c"
+    stack.ingress.start_run(cancelled, refund(new_order(stack.db_path, 100000)))
+    [_, second] = fake.wait_message(2)
+    stack.ingress.call("AgentRun", cancelled, "cancel", {"reason": "customer withdrew"})
+    wait_until(lambda: "Cancelled" in texts(second.current["blocks"]) or None, 30, "the cancel")
+    assert "customer withdrew" in texts(second.current["blocks"]) and second.buttons == []
