@@ -42,7 +42,7 @@ MAX_FACTS = 10  # a section holds at most 10 fields
 # 5xx and lost connections back off 1 s doubling to 30 s; a 429 waits Slack's Retry-After. Ten
 # minutes in all: Slack is a second channel, so its outage must end, not hold the approval's queue.
 SLACK_RETRIES = RunOptions[Any](
-    max_attempts=8,
+    max_attempts=10,
     initial_retry_interval=timedelta(seconds=1),
     retry_interval_factor=2.0,
     max_retry_interval=timedelta(seconds=30),
