@@ -219,3 +219,19 @@ def test_a_reminder_an_expiry_and_a_cancel_rewrite_the_slack_message_in_place(
     stack.ingress.call("AgentRun", cancelled, "cancel", {"reason": "customer withdrew"})
     wait_until(lambda: "Cancelled" in texts(second.current["blocks"]) or None, 30, "the cancel")
     assert "customer withdrew" in texts(second.current["blocks"]) and second.buttons == []
+
+
+def test_an_approver_reached_only_through_slack_who_cannot_be_found_ends_the_approval_undeliverable(
+    isolated_stack: StackFactory, tmp_path: Path, run_id: str
+) -> None:
+    with running(FakeSlack({EVE_ID: "eve@example.com"})) as nobody_in_finance:
+        policy = tmp_path / "policy.toml"
+        policy.write_text('[tools.issue_refund]\nchannels = ["slack"]\n')
+        stack = isolated_stack(app_env={**slack_env(nobody_in_finance), "APPROVALS_POLICY_FILE": str(policy)})
+        order = new_order(stack.db_path, 100000)
+        stack.ingress.start_run(run_id, refund(order))
+        result = stack.ingress.wait_output(run_id, timeout=60).json()
+        assert result["actions"][0]["outcome"] == "undeliverable"
+        assert "users_not_found" in result["actions"][0]["reason"]
+        assert refunds_for(stack.db_path, run_id) == []
+        assert list(stack.outbox_dir.glob("approval-request_*.eml")) == [], "Slack only: no approval email"

@@ -233,7 +233,8 @@ class Waiter:
                     ledger.emailed(self.book, record, slot, kind, message_id, self.clock)
                     taken = True
             if "slack" in channels and kind != "reminder":  # a reminder rewrites the message in place
-                taken = await SlackChannel(self.policy.slack_channel).deliver(self.ctx, request) is not None or taken
+                slack = SlackChannel(self.policy.slack_channel, only="email" not in channels)
+                taken = await slack.deliver(self.ctx, request) is not None or taken
             elif "slack" in channels:
                 taken = True
             delivered += taken

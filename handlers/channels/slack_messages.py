@@ -20,6 +20,7 @@ from handlers.channels import slack
 from handlers.channels.base import ChannelRequest
 from handlers.errors import is_cancellation
 from handlers.objects.audit import AuditEntry, append
+from handlers.objects.delivery import APPROVAL_HANDLER, APPROVAL_SERVICE, DeliveryFailure
 
 log = logging.getLogger("countersign.slack")
 SERVICE = "SlackMessages"
@@ -35,6 +36,8 @@ class SlackPost(BaseModel):
     request: ChannelRequest
     channel: str | None = None
     """A channel the policy names; None: a DM to the approver (looked up by email)."""
+    only: bool = False
+    """Slack is this approver's only channel: if the post fails, they cannot decide (as for a bounce)."""
 
 
 class SlackNotice(BaseModel):
@@ -98,8 +101,10 @@ async def post(ctx: ObjectContext, request: SlackPost) -> None:
     except TerminalError as exc:
         if is_cancellation(exc):
             raise
-        # The other channels carry the request; the approver can still decide by email.
         log.warning("slack message for %s not posted: %s", r.record.approval_id, exc.message)
+        if request.only:
+            _undeliverable(ctx, r, exc.message)
+        # Otherwise the other channels carry the request: the approver can still decide by email.
         return
     messages = await ctx.get(STATE, type_hint=Messages) or Messages()
     messages.items.append(posted)
@@ -114,6 +119,30 @@ async def post(ctx: ObjectContext, request: SlackPost) -> None:
         details={"to": posted.approver, "channel": posted.channel, "ts": posted.ts, "message": r.kind},
     )
     ctx.object_send(append, key=r.record.approval_id, arg=entry, idempotency_key=f"audit/{entry.entry_id}")
+
+
+def _undeliverable(ctx: ObjectContext, r: ChannelRequest, error: str) -> None:
+    """Tell the approval that this approver cannot be reached, as a bounce would (by name: the
+    approval's workflow imports this module)."""
+    failure = DeliveryFailure(
+        run_id=r.record.run_id,
+        approval_id=r.record.approval_id,
+        round=r.record.round,
+        slot=r.slot,
+        kind=r.kind,
+        event="email.failed",
+        email_id=r.key,
+        detail=f"Slack: {error}"[:300],
+        failed_slots=[r.slot],
+    )
+    ctx.generic_send(
+        APPROVAL_SERVICE,
+        APPROVAL_HANDLER,
+        failure.model_dump_json().encode(),
+        key=r.record.approval_id,
+        idempotency_key=f"delivery-failed/{r.record.approval_id}/{r.key}",
+        headers={"content-type": "application/json"},
+    )
 
 
 @slack_messages.handler(name="update", ingress_private=True)
@@ -153,11 +182,11 @@ class SlackChannel:
 
     name = "slack"
 
-    def __init__(self, channel: str | None) -> None:
-        self.channel = channel
+    def __init__(self, channel: str | None, *, only: bool = False) -> None:
+        self.channel, self.only = channel, only
 
     async def deliver(self, ctx: restate.Context, request: ChannelRequest) -> str | None:
-        post_ = SlackPost(request=request, channel=self.channel)
+        post_ = SlackPost(request=request, channel=self.channel, only=self.only)
         ctx.object_send(post, key=request.record.approval_id, arg=post_, idempotency_key=f"slack/{request.key}")
         return request.key
 
