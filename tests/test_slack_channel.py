@@ -7,6 +7,7 @@ through email and Slack; clicks are interactivity payloads signed as Slack signs
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -235,3 +236,34 @@ def test_an_approver_reached_only_through_slack_who_cannot_be_found_ends_the_app
         assert "users_not_found" in result["actions"][0]["reason"]
         assert refunds_for(stack.db_path, run_id) == []
         assert list(stack.outbox_dir.glob("approval-request_*.eml")) == [], "Slack only: no approval email"
+
+
+def test_an_escalation_retires_the_first_message_and_the_next_approver_decides_in_slack(
+    isolated_stack: StackFactory, tmp_path: Path, run_id: str
+) -> None:
+    lead, lead_id = "finance-lead@example.com", "ULEAD"
+    with running(FakeSlack({FINANCE_ID: FINANCE, lead_id: lead})) as fake:
+        policy = tmp_path / "policy.toml"
+        policy.write_text(POLICY + f'escalate_after_seconds = 2\nescalate_to = ["{lead}"]\n')
+        stack = isolated_stack(app_env={**slack_env(fake), "APPROVALS_POLICY_FILE": str(policy)})
+        order = new_order(stack.db_path, 100000)
+        stack.ingress.start_run(run_id, refund(order))
+        [first, second] = fake.wait_message(2)
+        assert second.channel == f"D{lead_id}" and len(second.buttons) == 2
+        wait_until(lambda: first.updates or None, 30, "the first message to be retired")
+        assert first.buttons == [] and f"Asked again, of {lead}" in texts(first.current["blocks"])
+
+        # A click on the first message as it was (a client that had not refreshed) decides nothing.
+        as_posted = dataclasses.replace(first, updates=[])
+        stale = open_modal(stack, fake, as_posted, FINANCE_ID, "countersign_approve")
+        interact(stack, submission(stale, FINANCE_ID, view_id="V-old"))
+        told = wait_until(lambda: [e for e in fake.ephemeral if e["user"] == FINANCE_ID] or None, 30, "the refusal")
+        assert "escalated" in told[0]["text"] and "changed nothing" in told[0]["text"]
+
+        view = open_modal(stack, fake, second, lead_id, "countersign_approve")
+        interact(stack, submission(view, lead_id, view_id="V-lead"))
+        result = stack.ingress.wait_output(run_id, timeout=60).json()
+        assert result["actions"][0]["outcome"] == "approved" and result["actions"][0]["approved_by"] == [lead]
+        assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 80000)]
+        wait_until(lambda: second.updates or None, 30, "the second message to say who decided")
+        assert f"Approved by {lead} (decided in Slack)" in texts(second.current["blocks"])

@@ -457,7 +457,7 @@ async def slack_decide(ctx: WorkflowSharedContext, interaction: SlackInteraction
         await _tell_slack(ctx, submitted, f"Recorded: you {receipt.state.replace('_', ' ')} {record.summary}.")
     else:
         by = f" by {receipt.decided_by}" if receipt.decided_by else ""
-        await _tell_slack(ctx, submitted, f"Already decided ({receipt.state}{by}): your click changed nothing.")
+        await _tell_slack(ctx, submitted, f"Already closed ({receipt.state}{by}): your click changed nothing.")
     return receipt
 
 
