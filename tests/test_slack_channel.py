@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,11 +43,11 @@ def slack_stack(isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, *
     return isolated_stack(app_env={**slack_env(fake), "APPROVALS_POLICY_FILE": str(policy), **env})
 
 
-def refund(order: int) -> dict[str, Any]:
+def refund(order: int, amount: str = "800.00") -> dict[str, Any]:
     return {
-        "goal": f"Refund order {order} for $800.00",
+        "goal": f"Refund order {order} for ${amount}",
         "requester": "alice@example.com",
-        "script": [{"tool": "issue_refund", "args": {"order_id": order, "amount_usd": "800.00", "reason": "late"}}],
+        "script": [{"tool": "issue_refund", "args": {"order_id": order, "amount_usd": amount, "reason": "late"}}],
     }
 
 
@@ -267,3 +268,27 @@ def test_an_escalation_retires_the_first_message_and_the_next_approver_decides_i
         assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 80000)]
         wait_until(lambda: second.updates or None, 30, "the second message to say who decided")
         assert f"Approved by {lead} (decided in Slack)" in texts(second.current["blocks"])
+
+
+def test_a_high_stakes_approval_in_slack_needs_the_typed_confirmation(
+    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    stack = isolated_stack(app_env={**slack_env(fake), "APPROVALS_POLICY_FILE": str(policy)})
+    order = new_order(stack.db_path, 150000)
+    stack.ingress.start_run(run_id, refund(order, "1200.00"))  # high stakes above $1000
+    [message] = fake.wait_message()
+    view = open_modal(stack, fake, message, FINANCE_ID, "countersign_approve")
+    [field] = [b for b in view["blocks"] if b.get("block_id") == "confirm"]
+    assert json.loads(view["private_metadata"])["c"] == "amount usd"
+    assert field["label"]["text"] == "High stakes: type the amount usd (1200.00) to confirm"
+
+    interact(stack, submission(view, FINANCE_ID, confirm="wrong", view_id="V-wrong"))
+    told = wait_until(lambda: [e for e in fake.ephemeral if e["user"] == FINANCE_ID] or None, 30, "the refusal")
+    assert "high-stakes" in told[0]["text"] and len(pending(stack, run_id)) == 1
+
+    interact(stack, submission(view, FINANCE_ID, confirm="$1,200.00", view_id="V-right"))
+    result = stack.ingress.wait_output(run_id, timeout=60).json()
+    assert result["actions"][0]["outcome"] == "approved"
+    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 120000)]
