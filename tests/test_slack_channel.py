@@ -104,6 +104,20 @@ def test_approve_in_slack_after_refusing_forged_stale_and_wrong_user_clicks(
     assert interact(stack, click(message, FINANCE_ID), secret="not-the-secret").status_code == 401
     assert interact(stack, click(message, FINANCE_ID), at=time.time() - 600).status_code == 401
     assert fake.views == []
+    # A forged submission straight at the ingress: the workflow verifies the signature itself.
+    forged_view = {
+        "callback_id": "countersign_decide",
+        "private_metadata": json.dumps({"a": f"{run_id}-a0", "r": 1, "s": 0, "v": "approve"}),
+    }
+    body, headers = signed(submission(forged_view, FINANCE_ID), secret="not-the-secret")
+    interaction = {
+        "body": body,
+        "timestamp": headers["x-slack-request-timestamp"],
+        "signature": headers["x-slack-signature"],
+    }
+    assert stack.ingress.call("Approval", f"{run_id}-a0", "slack_decide", interaction).status_code == 401
+    assert interact(stack, submission(forged_view, FINANCE_ID), secret="not-the-secret").status_code == 401
+    assert len(pending(stack, run_id)) == 1
 
     # Someone who is not the approver: refused in Slack, nothing decided.
     view = open_modal(stack, fake, message, EVE_ID, "countersign_approve")
