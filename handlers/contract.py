@@ -290,6 +290,7 @@ class ApprovalRecord(BaseModel):
     decision_source: DecisionSource | None = None
     decided_by: str | None = None
     decided_at: float | None = None
+    decided_via: str | None = Field(default=None, description="the channel the deciding person used: email, slack")
     reason: str | None = None
     approved_by: list[str] = Field(default_factory=list)
     edits: dict[str, Any] | None = None
@@ -363,6 +364,7 @@ class DecisionReceipt(BaseModel):
     state: str
     decided_by: str | None = None
     decided_at: float | None = None
+    decided_via: str | None = None
     reason: str | None = None
     edits: dict[str, Any] | None = None
     quorum: int = 1

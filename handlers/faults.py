@@ -3,8 +3,9 @@ points) or the step raise (fail points) there.
 
 Guarantee: honoured only when `COUNTERSIGN_ENV=test`; anywhere else a fault point is a no-op.
 Crash points: `crash-after-effect:<tool>` (execute.py: a tool's effect committed, its step not yet
-journaled) and `crash-after-send:<kind>` (mail/deliver.py: the mailer accepted an email, its step not
-yet journaled).
+journaled), `crash-after-send:<kind>` (mail/deliver.py: the mailer accepted an email, its step not
+yet journaled) and `crash-before-slack-decision` (approval/workflow.py: a Slack submission verified
+and journaled, the decision not yet recorded).
 """
 
 from __future__ import annotations

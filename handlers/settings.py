@@ -137,6 +137,13 @@ class Settings(BaseSettings):
     resend_webhook_secret: str | None = None
     resend_api_url: str | None = None
     resend_timeout_seconds: float = Field(default=20.0, gt=0, le=50)
+    # Slack, for policies whose `channels` name it: the bot token (xoxb-...) that posts and updates
+    # the approval messages, the signing secret that authenticates `POST /slack/interactions`, and
+    # the Web API base (tests point it at a local fake).
+    slack_bot_token: SecretStr | None = None
+    slack_signing_secret: SecretStr | None = None
+    slack_api_base: str = "https://slack.com/api/"
+    slack_timeout_seconds: float = Field(default=10.0, gt=0, le=30)
     # A tool's `context` function (facts for the approver) is given up after this long: the
     # approval goes out saying the facts could not be read.
     tool_context_timeout_seconds: float = Field(default=5.0, gt=0, le=30)
@@ -271,6 +278,13 @@ class Settings(BaseSettings):
         if not url.startswith(("http://", "https://")):
             raise ValueError("must be an http(s) URL")
         return url.rstrip("/")
+
+    @field_validator("slack_api_base")
+    @classmethod
+    def _slack_base(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s) URL")
+        return url.rstrip("/") + "/"  # slack_sdk joins method names onto it
 
     @field_validator("resend_webhook_secret")
     @classmethod

@@ -261,6 +261,7 @@ def _decided(book: RunBook, record: ApprovalRecord, final: Verdict, state: Appro
     record.state = state
     record.decision_source = final.source
     record.decided_at = final.at
+    record.decided_via = final.via if final.source == "human" else None
     record.reason = final.reason
     record.approved_by = sorted({v.by for v in record.approvals_in_round() if v.by})
     record.decided_by = ", ".join(record.approved_by) if final.kind == "approve" and final.by else final.by

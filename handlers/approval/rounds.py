@@ -8,25 +8,14 @@ from __future__ import annotations
 
 import secrets
 import time
-from datetime import timedelta
-from typing import Any
 
 from pydantic import BaseModel
-from restate import RunOptions
 
 from handlers.approval.verdict import Verdict, VerdictKind
 from handlers.contract import ApprovalRecord, ApprovalState
+from handlers.mail.deliver import EMAIL_RETRIES
 
-# 5xx/lost connections back off 0.5 s doubling to 10 min (about 1.6 h over 20 attempts); 429s wait
-# Resend's retry-after; 6 h caps it all, far inside Resend's 24 h idempotency window, so a retry
-# never sends a second email.
-EMAIL_RETRIES = RunOptions[Any](
-    max_attempts=20,
-    initial_retry_interval=timedelta(milliseconds=500),
-    retry_interval_factor=2.0,
-    max_retry_interval=timedelta(minutes=10),
-    max_duration=timedelta(hours=6),
-)
+__all__ = ["EMAIL_RETRIES", "Opening", "closing", "open_round"]
 
 
 class Opening(BaseModel):

@@ -29,6 +29,8 @@ class Verdict(BaseModel):
     edits: dict[str, Any] | None = None
     source: DecisionSource = "human"
     client: str = ""
+    via: str = "email"
+    """The channel a person's verdict came through (`email`: the page; `slack`)."""
     closes_as: ApprovalState | None = None
     to: str | None = None
     asked_by: str | None = None

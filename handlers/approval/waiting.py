@@ -15,7 +15,7 @@ from typing import Any
 import restate
 from restate import TerminalError
 
-from handlers.approval import ledger, tally
+from handlers.approval import confirm, ledger, tally
 from handlers.approval.deadlines import can_escalate, next_event
 from handlers.approval.rounds import EMAIL_RETRIES, closing, open_round
 from handlers.approval.run_state import RunBook
@@ -26,9 +26,14 @@ from handlers.approval.verdict import (
     slot_promise,
     state_of,
 )
+from handlers.channels import ChannelRequest, channels_of, uses_slack
+from handlers.channels.email import EMAIL
+from handlers.channels.slack import final_line
+from handlers.channels.slack_messages import SlackChannel, SlackNotice
+from handlers.channels.slack_messages import notify as slack_notify
 from handlers.contract import ApprovalRecord, CancelRequest
 from handlers.errors import is_already_completed, is_cancellation
-from handlers.mail.approval_email import MailKind, send_approval_request, send_batch_request
+from handlers.mail.approval_email import MailKind, idempotency_key, send_batch_request
 from handlers.mail.message import SendReceipt
 from handlers.mail.receipt_email import send_decision_receipt
 from handlers.tools.policy import ToolPolicy
@@ -82,7 +87,16 @@ class Waiter:
         self.record.decided_at = final.at
         self.book.save()
         ledger.closed(self.book, self.record, self.record.active_slots, why=self.record.state)
+        by = ", ".join(sorted({v.by for v in self.record.approvals_in_round() if v.by})) or final.by
+        via = final.via if final.source == "human" else None
+        self.slack(final_line(self.record.state, by, via, final.at, final.reason), final=True)
         return final
+
+    def slack(self, line: str, *, final: bool = False, reminder: bool = False) -> None:
+        """Rewrite this approval's Slack messages in place, when its policy uses Slack."""
+        if uses_slack(self.policy):
+            notice = SlackNotice(round=self.record.round, line=line, final=final, reminder=reminder)
+            slack_notify(self.ctx, self.record.approval_id, notice)
 
     async def settle(self, final: Verdict) -> Verdict:
         """Close the slots still open with a copy of the deciding verdict, so late clicks see it.
@@ -185,19 +199,45 @@ class Waiter:
         self.book.save()
 
     async def notify(self, kind: MailKind, slots: list[int], reason: str | None = None) -> int:
-        """Email these slots; returns how many sends the mail backend accepted."""
+        """Send these slots the request through their channels (`policy.channels`, email by
+        default); returns how many slots at least one channel took."""
+        record = self.record
+        if kind == "reminder":
+            self.slack(f"Reminder {record.reminders_sent}: still waiting for a decision.", reminder=True)
+        elif record.round > 1:
+            now_with = ", ".join(record.approvers[s] for s in record.active_slots)
+            self.slack(f"Asked again, of {now_with}: this message no longer decides; see the newer one.")
         delivered = 0
         for slot in slots:
-            name = f"email {kind} #{self.record.index} round {self.record.round} slot {slot}"
+            name = f"email {kind} #{record.index} round {record.round} slot {slot}"
             if kind == "reminder":
-                name += f" n{self.record.reminders_sent}"
+                name += f" n{record.reminders_sent}"
             goal = self.book.state.goal
-            receipt = await send_step(
-                self.ctx, name, send_approval_request, self.record, slot, goal, kind, self.clock, reason
+            request = ChannelRequest(
+                record=record,
+                slot=slot,
+                goal=goal,
+                kind=kind,
+                at=self.clock,
+                reason=reason,
+                step=name,
+                key=idempotency_key(record, slot, kind),
+                confirm_label=confirm.label(record) if record.confirm_field else None,
+                confirm_value=confirm.expected(record),
             )
-            if receipt is not None:
-                ledger.emailed(self.book, self.record, slot, kind, receipt.message_id, self.clock)
-                delivered += 1
+            channels = channels_of(self.policy, record.approvers[slot])
+            taken = False
+            if "email" in channels:
+                message_id = await EMAIL.deliver(self.ctx, request)
+                if message_id is not None:
+                    ledger.emailed(self.book, record, slot, kind, message_id, self.clock)
+                    taken = True
+            if "slack" in channels and kind != "reminder":  # a reminder rewrites the message in place
+                slack = SlackChannel(self.policy.slack_channel, only="email" not in channels)
+                taken = await slack.deliver(self.ctx, request) is not None or taken
+            elif "slack" in channels:
+                taken = True
+            delivered += taken
         return delivered
 
 

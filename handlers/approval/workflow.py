@@ -12,7 +12,7 @@ slot's promise wins, and every later one is refused by Restate.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import restate
 from pydantic import BaseModel
@@ -26,6 +26,8 @@ from handlers.approval.plan import apply_plan_edits
 from handlers.approval.run_state import RunBook, RunState, load_approval, load_header, load_run
 from handlers.approval.tally import slot_verdict
 from handlers.approval.verdict import CANCEL_PROMISE, Verdict, slot_promise
+from handlers.channels import slack, slack_interactions
+from handlers.channels.slack_interactions import SlackInteraction, SlackSubmission
 from handlers.contract import (
     ApprovalRecord,
     CancelReceipt,
@@ -38,7 +40,8 @@ from handlers.contract import (
     ReassignRequest,
     RunStatus,
 )
-from handlers.errors import is_already_completed
+from handlers.errors import is_already_completed, is_cancellation
+from handlers.faults import crash_point
 from handlers.objects.audit import AuditEntry, append
 from handlers.objects.delivery import DeliveryFailure
 from handlers.security import links
@@ -135,6 +138,19 @@ async def _record(ctx: WorkflowSharedContext) -> ApprovalRecord | None:
     return await load_approval(ctx, header, ctx.key()) if header else None
 
 
+class SlotDecision(Protocol):
+    """What a person decided, from any channel (`Decision` from the page, `SlackDecision`)."""
+
+    @property
+    def verdict(self) -> Literal["approve", "reject"]: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def confirm(self) -> str: ...
+    @property
+    def client(self) -> str: ...
+
+
 class LinkCheck(BaseModel):
     """Journaled result of checking a token, so a key rotation cannot change a replayed branch."""
 
@@ -174,8 +190,23 @@ async def _authentic(ctx: WorkflowSharedContext, token: str) -> tuple[links.Link
 async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionReceipt:
     """Record one approver's verdict. Re-verifies the link token itself; the first completion wins."""
     claims, record, check = await _authentic(ctx, decision.token)
+    return await settle_slot(ctx, record, claims.round, claims.slot, check, decision, edits=decision.edits, via="email")
 
-    promise = ctx.promise(slot_promise(record.approval_id, claims.round, claims.slot), type_hint=Verdict)
+
+async def settle_slot(
+    ctx: WorkflowSharedContext,
+    record: ApprovalRecord,
+    round_: int,
+    slot: int,
+    check: LinkCheck,
+    decision: SlotDecision,
+    *,
+    edits: dict[str, str],
+    via: str,
+) -> DecisionReceipt:
+    """Complete one slot's decision promise with a person's verdict, whichever channel carried it
+    (the channel checked who they are first); a 4xx that decides nothing when it does not fit."""
+    promise = ctx.promise(slot_promise(record.approval_id, round_, slot), type_hint=Verdict)
     # An authentic link whose slot is already decided learns by whom, whatever its round or expiry.
     if (winner := await promise.peek()) is not None:
         return _receipt(record, winner, accepted=False)
@@ -186,20 +217,21 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
     reason = decision.reason.strip()
     if decision.verdict == "reject" and not reason:
         raise TerminalError("A reason is required to reject.", 400)
-    edits = _checked_edits(record, decision)
-    wanted = confirm.expected(record, edits) if decision.verdict == "approve" else None
+    changed = _checked_edits(record, decision.verdict, edits)
+    wanted = confirm.expected(record, changed) if decision.verdict == "approve" else None
     if wanted is not None and not confirm.matches(decision.confirm, wanted):
         raise TerminalError(confirm.REFUSAL, 400)
     verdict = Verdict(
         kind=decision.verdict,
-        slot=claims.slot,
-        round=claims.round,
+        slot=slot,
+        round=round_,
         digest=record.digest,
         at=check.now,
-        by=record.approvers[claims.slot],
+        by=record.approvers[slot],
         reason=reason or None,
-        edits=edits or None,
+        edits=changed or None,
         client=decision.client,
+        via=via,
     )
     try:
         await promise.resolve(verdict)
@@ -210,14 +242,14 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
     return _receipt(record, verdict, accepted=True)
 
 
-def _checked_edits(record: ApprovalRecord, decision: Decision) -> dict[str, Any]:
+def _checked_edits(record: ApprovalRecord, verdict: str, edits: dict[str, str]) -> dict[str, Any]:
     """The fields the approver actually changed, validated; a 400 that decides nothing otherwise."""
     if record.kind == "plan":
-        return _checked_plan_edits(record, decision)
-    proposed = {k: v for k, v in decision.edits.items() if str(record.args.get(k)) != v}
+        return _checked_plan_edits(record, verdict, edits)
+    proposed = {k: v for k, v in edits.items() if str(record.args.get(k)) != v}
     if not proposed:
         return {}
-    if decision.verdict != "approve":
+    if verdict != "approve":
         raise TerminalError("Edits go with an approval, not a rejection.", 400)
     tool = default_registry().get(record.tool)
     if tool is None or not record.editable:
@@ -228,19 +260,19 @@ def _checked_edits(record: ApprovalRecord, decision: Decision) -> dict[str, Any]
         raise TerminalError(str(exc), 400) from None
 
 
-def _checked_plan_edits(record: ApprovalRecord, decision: Decision) -> dict[str, Any]:
+def _checked_plan_edits(record: ApprovalRecord, verdict: str, edits: dict[str, str]) -> dict[str, Any]:
     """A plan's edits (drop a step, lower a count or a bound), validated; a 400 otherwise."""
-    if not decision.edits:
+    if not edits:
         return {}
     try:
-        changed = apply_plan_edits(record.args, decision.edits)[1]
+        changed = apply_plan_edits(record.args, edits)[1]
     except EditRejected as exc:
         raise TerminalError(str(exc), 400) from None
-    if changed and decision.verdict != "approve":
+    if changed and verdict != "approve":
         raise TerminalError("Edits go with an approval, not a rejection.", 400)
     # What is kept is the approver's own form values for exactly what changed, so the approval's
     # workflow applies the same edits again.
-    return {k: v for k, v in decision.edits.items() if k in changed}
+    return {k: v for k, v in edits.items() if k in changed}
 
 
 _SLOT_STATE = {
@@ -260,6 +292,7 @@ def _receipt(record: ApprovalRecord, verdict: Verdict, *, accepted: bool) -> Dec
         state=_slot_state(verdict),
         decided_by=verdict.by,
         decided_at=verdict.at,
+        decided_via=verdict.via if verdict.source == "human" else None,
         reason=verdict.reason,
         edits=verdict.edits,
         quorum=record.quorum,
@@ -406,3 +439,58 @@ async def complete(promise: DurablePromise[Any], value: Any) -> bool:
             raise
         return False
     return True
+
+
+@approval.handler(name="slack_decide")
+async def slack_decide(ctx: WorkflowSharedContext, interaction: SlackInteraction) -> DecisionReceipt:
+    """A decision made in Slack's modal: Slack's signature is verified again here, the clicking Slack
+    user must be the approver of the slot the message was sent to (by their Slack email), then the
+    same decision point as the email's link is completed. Every refusal is told to them in Slack."""
+    submitted = await ctx.run_typed("verify slack request", slack_interactions.verified, interaction=interaction)
+    record = await _record(ctx) if submitted.approval_id == ctx.key() else None
+    if record is None or not 0 <= submitted.slot < len(record.approvers):
+        raise TerminalError("This Slack message does not belong to a known approval.", 403)
+    email = await ctx.run_typed(
+        "slack user email", slack_interactions.user_email, slack.SLACK_RETRIES, user=submitted.user
+    )
+    approver = record.approvers[submitted.slot]
+    if email != approver:
+        who = email or "your Slack account (it has no email)"
+        await _tell_slack(ctx, submitted, f"This request is for {approver}, not {who}: nothing was decided.")
+        raise TerminalError("the Slack user is not the approver of this request; nothing was decided", 403)
+    stale = submitted.round != record.round or submitted.slot not in record.active_slots
+    state: LinkState = "replaced" if stale else "expired" if submitted.now >= record.deadline else "valid"
+    check = LinkCheck(state=state, slot=submitted.slot, now=submitted.now)
+    # The fault tests stop here: the click is verified and journaled, the decision not yet recorded.
+    crash_point("crash-before-slack-decision")
+    try:
+        receipt = await settle_slot(
+            ctx, record, submitted.round, submitted.slot, check, submitted, edits={}, via="slack"
+        )
+    except TerminalError as exc:
+        if is_cancellation(exc):
+            raise
+        await _tell_slack(ctx, submitted, f"{exc.message} Nothing was decided.")
+        raise
+    if receipt.accepted:
+        await _tell_slack(ctx, submitted, f"Recorded: you {receipt.state.replace('_', ' ')} {record.summary}.")
+    else:
+        by = f" by {receipt.decided_by}" if receipt.decided_by else ""
+        await _tell_slack(ctx, submitted, f"Already closed ({receipt.state}{by}): your click changed nothing.")
+    return receipt
+
+
+async def _tell_slack(ctx: WorkflowSharedContext, submitted: SlackSubmission, text: str) -> None:
+    """A note to the clicking person in Slack; a Slack failure here must not change the answer."""
+    try:
+        await ctx.run_typed(
+            "tell slack user",
+            slack_interactions.tell,
+            slack.SLACK_RETRIES,
+            channel=submitted.channel,
+            user=submitted.user,
+            text=text,
+        )
+    except TerminalError as exc:
+        if is_cancellation(exc):
+            raise

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
-from restate import TerminalError
+from restate import RunOptions, TerminalError
 from restate.exceptions import RetryableError
 
 from handlers.faults import crash_point
@@ -22,6 +23,16 @@ from handlers.mail.message import MailDeferred, MailRejected, OutgoingEmail, Sen
 from handlers.settings import Settings, get_settings
 
 REFUSED_STATUS = 422
+# 5xx/lost connections back off 0.5 s doubling to 10 min (about 1.6 h over 20 attempts); 429s wait
+# Resend's retry-after; 6 h caps it all, far inside Resend's 24 h idempotency window, so a retry
+# never sends a second email.
+EMAIL_RETRIES = RunOptions[Any](
+    max_attempts=20,
+    initial_retry_interval=timedelta(milliseconds=500),
+    retry_interval_factor=2.0,
+    max_retry_interval=timedelta(minutes=10),
+    max_duration=timedelta(hours=6),
+)
 
 
 def deliver(build: Callable[[Settings], OutgoingEmail]) -> SendReceipt:

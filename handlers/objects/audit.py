@@ -35,6 +35,7 @@ AuditKind = Literal[
     "outcome",
     "autonomous",
     "model_retired",
+    "slack_posted",
 ]
 GENESIS = "0" * 64
 

@@ -33,6 +33,7 @@ from handlers.web.hardening import RESTATE_PREFIX, BodyDeadline, SecurityHeaders
 from handlers.web.inbox_page import InboxPage
 from handlers.web.pages import ApprovalPages
 from handlers.web.runs_client import runs_client
+from handlers.web.slack import SlackInteractions
 from handlers.web.views import notice
 from handlers.web.webhooks import ResendWebhooks
 
@@ -72,6 +73,7 @@ def public_app(settings: Settings) -> Starlette:
             Route("/healthz", healthz, methods=["GET"]),
             *ApprovalPages(settings).routes(),
             *ResendWebhooks(settings).routes(),
+            *SlackInteractions(settings).routes(),
             *InboxPage(settings).routes(),
         ],
         lifespan=lifespan,

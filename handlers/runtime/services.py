@@ -28,6 +28,7 @@ class ServicesError(ValueError):
 def countersign_services() -> list[RestateService]:
     from handlers.agent.run import agent_run
     from handlers.approval.workflow import approval
+    from handlers.channels.slack_messages import slack_messages
     from handlers.events.delivery import webhook_delivery, webhook_events, webhook_log
     from handlers.objects.audit import approval_audit
     from handlers.objects.delivery import email_delivery
@@ -47,6 +48,7 @@ def countersign_services() -> list[RestateService]:
         webhook_events,
         webhook_delivery,
         webhook_log,
+        slack_messages,
     ]
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 
+from handlers.channels import uses_slack
 from handlers.llm import ModelUnavailable, check_model
 from handlers.runtime.services import ServicesError, endpoint_services
 from handlers.settings import Settings, require_production_keys, require_signing_keys
 from handlers.tools import default_registry
+from handlers.tools.registry import Registry
 
 log = logging.getLogger("handlers.runtime.startup")
 
@@ -23,6 +25,19 @@ def configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("restate", "hypercorn.error", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def require_slack(settings: Settings, tools: Registry) -> None:
+    """A policy that names Slack needs the bot token (to post) and the signing secret (to take clicks)."""
+    named = [name for name in tools.names() if (tool := tools.get(name)) and uses_slack(tool.policy)]
+    if not named:
+        return
+    for setting, value in (
+        ("SLACK_BOT_TOKEN", settings.slack_bot_token),
+        ("SLACK_SIGNING_SECRET", settings.slack_signing_secret),
+    ):
+        if value is None or not value.get_secret_value():
+            raise SystemExit(f"{setting} is not set: the policy of {', '.join(named)} sends approvals through Slack")
 
 
 def check(settings: Settings) -> None:
@@ -38,6 +53,7 @@ def check(settings: Settings) -> None:
         except OSError as exc:
             raise SystemExit(f"APPROVALS_OUTBOX_DIR {settings.approvals_outbox_dir}: {exc}") from None
     require_production_keys(settings)
+    require_slack(settings, tools)
     try:
         endpoint_services(settings)
     except ServicesError as exc:

@@ -34,6 +34,8 @@ from handlers.tools import checkpoints
 log = logging.getLogger(__name__)
 
 MAX_DEADLINE_SECONDS = 7 * 24 * 3600
+ChannelName = Literal["email", "slack"]
+"""The channels an approval request can go out through (see handlers.channels)."""
 MAX_CONDITION_LENGTH = 2000
 # Today's one-comparison form (`amount_usd > 500`): evaluated exactly as it always was, in Decimal
 # arithmetic on the argument's value; every other condition is a CEL expression.
@@ -122,6 +124,32 @@ class ToolPolicy(BaseModel):
     # When the pinned model is gone as the run goes on after this tool's approval.
     on_model_retired: ModelRetiredChoice | None = None
     """"end", or {"successor": "<model id>"}; a run's own choice (AgentTask.on_model_retired) comes first."""
+    channels: tuple[ChannelName, ...] = ("email",)
+    """How the request reaches each approver: `email` (the default), `slack`, or both."""
+    approver_channels: dict[str, tuple[ChannelName, ...]] = Field(default_factory=dict)
+    """Per approver (email -> channels), instead of `channels` for that person."""
+    slack_channel: str | None = Field(default=None, pattern=r"^[A-Za-z0-9#][A-Za-z0-9._#-]{0,79}$")
+    """A Slack channel (id or name) to post the request in, instead of a DM to each approver."""
+
+    def channels_for(self, approver: str) -> tuple[ChannelName, ...]:
+        return self.approver_channels.get(approver.lower(), self.channels)
+
+    def uses_channel(self, channel: ChannelName) -> bool:
+        return channel in self.channels or any(channel in c for c in self.approver_channels.values())
+
+    @field_validator("channels")
+    @classmethod
+    def _check_channels(cls, channels: tuple[ChannelName, ...]) -> tuple[ChannelName, ...]:
+        return _distinct_channels(channels)
+
+    @field_validator("approver_channels")
+    @classmethod
+    def _check_approver_channels(cls, table: dict[str, tuple[ChannelName, ...]]) -> dict[str, tuple[ChannelName, ...]]:
+        for approver, channels in table.items():
+            if not re.fullmatch(EMAIL_PATTERN, approver):
+                raise ValueError(f"approver_channels: {approver!r} is not an email address")
+            _distinct_channels(channels)
+        return {a.lower(): c for a, c in table.items()}
 
     @model_validator(mode="before")
     @classmethod
@@ -210,6 +238,12 @@ class ToolPolicy(BaseModel):
         return " or ".join(parts)
 
 
+def _distinct_channels(channels: tuple[ChannelName, ...]) -> tuple[ChannelName, ...]:
+    if not channels or len(set(channels)) != len(channels):
+        raise ValueError("channels must name at least one of email, slack, each once")
+    return channels
+
+
 class PolicyVerdict(BaseModel):
     """The journaled answer for one call: gated or not, and the whole deadline policy that applies.
 
@@ -270,6 +304,11 @@ def policy_version(tool: str, policy: ToolPolicy) -> str:
     a condition or approvers in code by their function's name): it changes when the policy does, so
     an audit entry can say which policy let a call run alone."""
     plain = policy.model_dump(mode="json", exclude={"when", "high_stakes_when", "approvers_from"})
+    # How the request is delivered is not what gates the call: left at their defaults these fields
+    # are not part of the version, so the versions of existing policies stay what they were.
+    for name, default in (("channels", ["email"]), ("approver_channels", {}), ("slack_channel", None)):
+        if plain.get(name) == default:
+            plain.pop(name, None)
     plain["when"] = None if policy.when is None else describe_condition(policy.when)
     plain["high_stakes_when"] = None if policy.high_stakes_when is None else describe_condition(policy.high_stakes_when)
     plain["approvers_from"] = None if policy.approvers_from is None else _name_of(policy.approvers_from, "code")

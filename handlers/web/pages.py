@@ -256,7 +256,8 @@ class ApprovalPages:
         by = receipt.decided_by if receipt else record.decided_by
         at = receipt.decided_at if receipt else record.decided_at
         reason = receipt.reason if receipt else record.reason
-        closed = wording.closed_state(state, by, at, reason, action)
+        via = receipt.decided_via if receipt else record.decided_via
+        closed = wording.closed_state(state, by, at, reason, action, via)
         return page("already.html", status, record=record, state=state, closed=closed, attempted=attempted)
 
     def _same_origin(self, request: Request) -> bool:

@@ -59,6 +59,20 @@ class RunsClient:
         except (restate.HttpError, httpx.HTTPError):
             log.warning("could not record a page view of %s", approval_id)
 
+    async def slack_decide(self, approval_id: str, body: bytes, idempotency_key: str) -> None:
+        """Hand a verified Slack decision to `Approval.slack_decide` without waiting for it (Slack
+        wants its answer within 3 s); returns once Restate has durably accepted the call."""
+        try:
+            await self._client.generic_send(
+                SERVICE, "slack_decide", body, key=approval_id, idempotency_key=idempotency_key, headers=_JSON
+            )
+        except restate.HttpError as exc:
+            if 400 <= exc.status_code < 500:
+                raise RunCallFailed(exc.status_code, _message(exc.body or "")) from None
+            raise RunCallFailed(503, "The approval service is busy. Please try again in a minute.") from None
+        except httpx.HTTPError:
+            raise RunCallFailed(503, "The approval service is unreachable. Please try again in a minute.") from None
+
     async def _call(
         self, handler: str, key: str, body: bytes | None, idempotency_key: str | None, service: str = SERVICE
     ) -> bytes:

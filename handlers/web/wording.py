@@ -80,10 +80,20 @@ _REASON_SHOWN = ("approved", "approved_with_edits", "rejected", "cancelled", "su
 
 
 def closed_state(
-    state: str, by: str | None, at: float | None, reason: str | None, action: ActionRecord | None
+    state: str,
+    by: str | None,
+    at: float | None,
+    reason: str | None,
+    action: ActionRecord | None,
+    via: str | None = None,
 ) -> StateView:
-    """Words for an approval that no longer waits: who closed it and when, and what that means now."""
+    """Words for an approval that no longer waits: who closed it and when (and, when it was decided
+    in Slack, that it was), and what that means now."""
     view = _closed_words(state, by, at, action)
+    if via == "slack" and by and state in ("approved", "approved_with_edits", "rejected"):
+        when = f" at {moment(at).text}" if at is not None else ""
+        verb = view.headline.removeprefix("This action was ").split(" by ", 1)[0]
+        view = StateView(view.title, f"This action was {verb}{when}: decided in Slack by {by}.", view.consequence)
     if state in _REASON_SHOWN and reason:
         return StateView(view.title, view.headline, view.consequence, reason)
     return view

@@ -1,0 +1,288 @@
+"""A local fake of Slack's Web API for tests, reached by the real `slack_sdk` (`SLACK_API_BASE`),
+and the signed interactivity payloads Slack would send when a person clicks.
+
+Guarantee: a small Starlette app served by hypercorn on 127.0.0.1 (a free port) in a thread of the
+test process; `stop` (or leaving `running()`) shuts it down and joins it. It implements the methods
+Countersign calls (users.lookupByEmail, users.info, conversations.open, conversations.history,
+chat.postMessage, chat.update, chat.postEphemeral, views.open), refuses a request without the bot
+token, records every request, every posted message (with its updates) and every ephemeral message
+and opened view. `fail("chat.postMessage", ...)` makes a method answer 429 with `Retry-After` or a
+5xx until `heal()`, or for the next N calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+import httpx
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+from slack_sdk.signature import SignatureVerifier
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from support.processes import free_port, wait_until
+
+BOT_TOKEN = "xoxb-test-" + "t" * 24
+SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+
+
+@dataclass
+class Message:
+    channel: str
+    ts: str
+    text: str
+    blocks: list[dict[str, Any]]
+    metadata: dict[str, Any] | None
+    updates: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def current(self) -> dict[str, Any]:
+        """The message as it reads now (after its last update)."""
+        return self.updates[-1] if self.updates else {"text": self.text, "blocks": self.blocks}
+
+    @property
+    def shown(self) -> str:
+        """Every text in the current blocks, joined (to assert on what a person reads)."""
+        return json.dumps(self.current["blocks"], ensure_ascii=False)
+
+    @property
+    def buttons(self) -> list[dict[str, Any]]:
+        return [e for b in self.current["blocks"] if b.get("type") == "actions" for e in b["elements"]]
+
+
+@dataclass
+class Fault:
+    status: int
+    retry_after: str | None
+    remaining: int | None
+    """None: until healed."""
+
+
+@dataclass
+class Seen:
+    method: str
+    at: float
+    status: int
+
+
+class FakeSlack:
+    def __init__(self, users: dict[str, str]) -> None:
+        """`users`: Slack user id -> email."""
+        self.users = dict(users)
+        self.messages: list[Message] = []
+        self.ephemeral: list[dict[str, Any]] = []
+        self.views: list[dict[str, Any]] = []
+        self.seen: list[Seen] = []
+        self.faults: dict[str, Fault] = {}
+        self._lock = threading.Lock()
+        self._clock = 1_700_000_000.0
+        self.port = free_port()
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._serve, name="FakeSlack", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api_base(self) -> str:
+        return f"{self.url}/api/"
+
+    # -- test controls -----------------------------------------------------------------------
+    def fail(self, method: str, status: int, *, retry_after: str | None = None, times: int | None = None) -> None:
+        with self._lock:
+            self.faults[method] = Fault(status, retry_after, times)
+
+    def heal(self) -> None:
+        with self._lock:
+            self.faults.clear()
+
+    def calls(self, method: str) -> list[Seen]:
+        with self._lock:
+            return [s for s in self.seen if s.method == method]
+
+    def wait_message(self, count: int = 1, timeout: float = 60) -> list[Message]:
+        return wait_until(lambda: list(self.messages) if len(self.messages) >= count else None, timeout, "slack posts")
+
+    # -- the Web API ---------------------------------------------------------------------------
+    def _ts(self) -> str:
+        self._clock += 1
+        return f"{self._clock:.6f}"
+
+    def _answer(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+        fault = self.faults.get(method)
+        if fault is not None:
+            if fault.remaining is not None:
+                fault.remaining -= 1
+                if fault.remaining <= 0:
+                    del self.faults[method]
+            headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+            error = "ratelimited" if fault.status == 429 else "internal_error"
+            return fault.status, {"ok": False, "error": error}, headers
+        by_email = {email: uid for uid, email in self.users.items()}
+        match method:
+            case "users.lookupByEmail":
+                uid = by_email.get(str(params.get("email", "")).lower())
+                return (
+                    (200, {"ok": True, "user": {"id": uid}}, {})
+                    if uid
+                    else (200, {"ok": False, "error": "users_not_found"}, {})
+                )
+            case "users.info":
+                uid = str(params.get("user", ""))
+                if uid not in self.users:
+                    return 200, {"ok": False, "error": "user_not_found"}, {}
+                return 200, {"ok": True, "user": {"id": uid, "profile": {"email": self.users[uid]}}}, {}
+            case "conversations.open":
+                return 200, {"ok": True, "channel": {"id": "D" + str(params.get("users", ""))}}, {}
+            case "conversations.history":
+                channel = str(params.get("channel", ""))
+                found = [
+                    {"ts": m.ts, "text": m.text, "metadata": m.metadata}
+                    for m in reversed(self.messages)
+                    if m.channel == channel
+                ]
+                return 200, {"ok": True, "messages": found[: int(params.get("limit", 100))]}, {}
+            case "chat.postMessage":
+                message = Message(
+                    channel=str(params["channel"]),
+                    ts=self._ts(),
+                    text=str(params.get("text", "")),
+                    blocks=list(params.get("blocks") or []),
+                    metadata=params.get("metadata"),
+                )
+                self.messages.append(message)
+                return 200, {"ok": True, "channel": message.channel, "ts": message.ts}, {}
+            case "chat.update":
+                for m in self.messages:
+                    if m.channel == params.get("channel") and m.ts == params.get("ts"):
+                        m.updates.append({"text": params.get("text", ""), "blocks": list(params.get("blocks") or [])})
+                        return 200, {"ok": True, "channel": m.channel, "ts": m.ts}, {}
+                return 200, {"ok": False, "error": "message_not_found"}, {}
+            case "chat.postEphemeral":
+                self.ephemeral.append(dict(params))
+                return 200, {"ok": True, "message_ts": self._ts()}, {}
+            case "views.open":
+                self.views.append(dict(params))
+                return 200, {"ok": True, "view": {"id": f"V{len(self.views)}", **params.get("view", {})}}, {}
+        return 200, {"ok": False, "error": "unknown_method"}, {}
+
+    async def _api(self, request: Request) -> JSONResponse:
+        method = request.path_params["method"]
+        if request.headers.get("authorization") != f"Bearer {BOT_TOKEN}":
+            return JSONResponse({"ok": False, "error": "invalid_auth"})
+        raw = await request.body()
+        if request.headers.get("content-type", "").startswith("application/json"):
+            params = json.loads(raw or b"{}")
+        else:
+            params = dict((await request.form()).items())
+        with self._lock:
+            status, body, headers = self._answer(method, params)
+            self.seen.append(Seen(method, time.monotonic(), status))
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def _serve(self) -> None:
+        app = Starlette(routes=[Route("/api/{method}", self._api, methods=["POST"])])
+        config = Config()
+        config.bind = [f"127.0.0.1:{self.port}"]
+        config.accesslog = None
+        config.errorlog = None
+
+        async def main() -> None:
+            self._stop = asyncio.Event()
+            self._loop = asyncio.get_running_loop()
+            await serve(app, config, shutdown_trigger=self._stop.wait)  # type: ignore[arg-type]
+
+        asyncio.run(main())
+
+    def start(self) -> FakeSlack:
+        self._thread.start()
+
+        def up() -> bool:
+            try:
+                httpx.post(f"{self.api_base}api.test", timeout=1)
+            except httpx.HTTPError:
+                return False
+            return True
+
+        wait_until(up, 15, "the fake Slack API to listen")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=10)
+
+
+@contextmanager
+def running(fake: FakeSlack) -> Iterator[FakeSlack]:
+    fake.start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+def slack_env(fake: FakeSlack) -> dict[str, str]:
+    return {"SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_SIGNING_SECRET": SIGNING_SECRET, "SLACK_API_BASE": fake.api_base}
+
+
+# -- what Slack sends when a person clicks ---------------------------------------------------------
+def signed(
+    payload: dict[str, Any], *, secret: str = SIGNING_SECRET, at: float | None = None
+) -> tuple[str, dict[str, str]]:
+    """The form body and headers Slack sends for `payload`, signed with `secret` at time `at`."""
+    body = urlencode({"payload": json.dumps(payload)})
+    timestamp = str(int(time.time() if at is None else at))
+    signature = SignatureVerifier(secret).generate_signature(timestamp=timestamp, body=body)
+    headers = {
+        "content-type": "application/x-www-form-urlencoded",
+        "x-slack-request-timestamp": timestamp,
+        "x-slack-signature": signature or "",
+    }
+    return body, headers
+
+
+def click(message: Message, user: str, action: str = "countersign_approve") -> dict[str, Any]:
+    """The `block_actions` payload of `user` pressing a button of `message`."""
+    [button] = [b for b in message.buttons if b["action_id"] == action]
+    return {
+        "type": "block_actions",
+        "user": {"id": user},
+        "trigger_id": f"trigger-{user}-{message.ts}",
+        "container": {"type": "message", "channel_id": message.channel, "message_ts": message.ts},
+        "channel": {"id": message.channel},
+        "message": {"text": message.text, "ts": message.ts},
+        "actions": [{"action_id": action, "value": button["value"], "type": "button"}],
+    }
+
+
+def submit(
+    view: dict[str, Any], user: str, *, reason: str = "", confirm: str | None = None, view_id: str = "V1"
+) -> dict[str, Any]:
+    """The `view_submission` payload of `user` submitting the modal `view` (as opened)."""
+    values: dict[str, Any] = {"reason": {"reason_input": {"type": "plain_text_input", "value": reason}}}
+    if confirm is not None:
+        values["confirm"] = {"confirm_input": {"type": "plain_text_input", "value": confirm}}
+    return {
+        "type": "view_submission",
+        "user": {"id": user},
+        "view": {
+            "id": view_id,
+            "callback_id": view["callback_id"],
+            "private_metadata": view["private_metadata"],
+            "state": {"values": values},
+        },
+    }

@@ -1,0 +1,308 @@
+"""Slack as an approval channel beside email, against the real slack_sdk and a local fake Slack API.
+
+Each test runs a real restate-server and handlers app whose policy sends `issue_refund` approvals
+through email and Slack; clicks are interactivity payloads signed as Slack signs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fakes.slack_server import FakeSlack, Message, click, running, signed, slack_env
+from fakes.slack_server import submit as submission
+from support.approver import open_page, submit, wait_for_email
+from support.business import new_order, refunds_for
+from support.processes import IsolatedStack, StackFactory, wait_until
+
+from handlers import Registry, load_tools
+from handlers.runtime import startup
+from handlers.settings import Settings
+from handlers.tools import DEMO_TOOLS
+
+FINANCE, FINANCE_ID, EVE_ID = "finance@example.com", "UFIN", "UEVE"
+POLICY = '[tools.issue_refund]\nchannels = ["email", "slack"]\n'
+
+
+@pytest.fixture()
+def fake() -> Iterator[FakeSlack]:
+    with running(FakeSlack({FINANCE_ID: FINANCE, EVE_ID: "eve@example.com"})) as slack:
+        yield slack
+
+
+def slack_stack(isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, **env: str) -> IsolatedStack:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    return isolated_stack(app_env={**slack_env(fake), "APPROVALS_POLICY_FILE": str(policy), **env})
+
+
+def refund(order: int, amount: str = "800.00") -> dict[str, Any]:
+    return {
+        "goal": f"Refund order {order} for ${amount}",
+        "requester": "alice@example.com",
+        "script": [{"tool": "issue_refund", "args": {"order_id": order, "amount_usd": amount, "reason": "late"}}],
+    }
+
+
+def interact(stack: IsolatedStack, payload: dict[str, Any], **signing: Any) -> httpx.Response:
+    body, headers = signed(payload, **signing)
+    return httpx.post(f"{stack.app.url}/slack/interactions", content=body, headers=headers, timeout=10)
+
+
+def texts(blocks: Any) -> str:
+    """Every text a person reads in Slack blocks, one per line."""
+    if isinstance(blocks, dict):
+        own = [blocks["text"]] if isinstance(blocks.get("text"), str) else []
+        return "\n".join(own + [texts(v) for k, v in blocks.items() if k != "text" or not isinstance(v, str)])
+    if isinstance(blocks, list):
+        return "\n".join(texts(b) for b in blocks)
+    return ""
+
+
+def open_modal(stack: IsolatedStack, fake: FakeSlack, message: Message, user: str, action: str) -> dict[str, Any]:
+    opened = len(fake.views)
+    assert interact(stack, click(message, user, action)).status_code == 200
+    wait_until(lambda: len(fake.views) > opened, 10, "the modal to open")
+    view: dict[str, Any] = fake.views[-1]["view"]
+    return view
+
+
+def pending(stack: IsolatedStack, run_id: str) -> list[Any]:
+    found: list[Any] = stack.ingress.status(run_id)["pending"]
+    return found
+
+
+def decided_entries(stack: IsolatedStack, approval: str) -> list[dict[str, Any]]:
+    entries = stack.ingress.call("ApprovalAudit", approval, "entries", None).json()["entries"]
+    return [e for e in entries if e["kind"] == "decided"]
+
+
+def test_approve_in_slack_after_refusing_forged_stale_and_wrong_user_clicks(
+    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+) -> None:
+    stack = slack_stack(isolated_stack, tmp_path, fake)
+    order = new_order(stack.db_path, 100000)
+    stack.ingress.start_run(run_id, refund(order))
+    [mail] = wait_for_email(stack.outbox_dir, run_id)
+    [message] = fake.wait_message()
+    assert message.channel == f"D{FINANCE_ID}", "a DM to the approver, found by their email"
+    shown = texts(message.blocks)
+    assert "issue_refund" in shown and '"amount_usd": "800.00"' in shown and f'"order_id": {order}' in shown
+    assert "Deadline" in shown and [b["action_id"] for b in message.buttons] == [
+        "countersign_approve",
+        "countersign_reject",
+    ]
+
+    # Forged or replayed payloads: 401, no modal, nothing decided.
+    assert interact(stack, click(message, FINANCE_ID), secret="not-the-secret").status_code == 401
+    assert interact(stack, click(message, FINANCE_ID), at=time.time() - 600).status_code == 401
+    assert fake.views == []
+    # A forged submission straight at the ingress: the workflow verifies the signature itself.
+    forged_view = {
+        "callback_id": "countersign_decide",
+        "private_metadata": json.dumps({"a": f"{run_id}-a0", "r": 1, "s": 0, "v": "approve"}),
+    }
+    body, headers = signed(submission(forged_view, FINANCE_ID), secret="not-the-secret")
+    interaction = {
+        "body": body,
+        "timestamp": headers["x-slack-request-timestamp"],
+        "signature": headers["x-slack-signature"],
+    }
+    assert stack.ingress.call("Approval", f"{run_id}-a0", "slack_decide", interaction).status_code == 401
+    assert interact(stack, submission(forged_view, FINANCE_ID), secret="not-the-secret").status_code == 401
+    assert len(pending(stack, run_id)) == 1
+
+    # Someone who is not the approver: refused in Slack, nothing decided.
+    view = open_modal(stack, fake, message, EVE_ID, "countersign_approve")
+    answer = interact(stack, submission(view, EVE_ID, view_id="V-eve"))
+    assert answer.status_code == 200 and answer.json() == {"response_action": "clear"}
+    told = wait_until(lambda: [e for e in fake.ephemeral if e["user"] == EVE_ID] or None, 30, "eve to be told")
+    assert "nothing was decided" in told[0]["text"] and FINANCE in told[0]["text"]
+    assert len(pending(stack, run_id)) == 1 and decided_entries(stack, f"{run_id}-a0") == []
+
+    # Rejecting needs a reason, said in the modal itself.
+    view = open_modal(stack, fake, message, FINANCE_ID, "countersign_reject")
+    refused = interact(stack, submission(view, FINANCE_ID, view_id="V-reject"))
+    assert refused.json()["response_action"] == "errors"
+
+    view = open_modal(stack, fake, message, FINANCE_ID, "countersign_approve")
+    assert interact(stack, submission(view, FINANCE_ID, reason="ok", view_id="V-fin")).status_code == 200
+    result = stack.ingress.wait_output(run_id, timeout=60).json()
+    assert result["actions"][0]["outcome"] == "approved"
+    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 80000)]
+    # The same submission again (Slack or a person retrying) records nothing new.
+    interact(stack, submission(view, FINANCE_ID, reason="ok", view_id="V-fin"))
+    interact(stack, submission(view, FINANCE_ID, reason="again", view_id="V-fin2"))
+    wait_until(lambda: len([e for e in fake.ephemeral if e["user"] == FINANCE_ID]) >= 2, 30, "the replies")
+    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 80000)]
+    [decided] = decided_entries(stack, f"{run_id}-a0")
+    assert decided["actor"] == FINANCE and decided["details"]["client"] == f"slack:{FINANCE_ID}"
+
+    updated = wait_until(lambda: message.updates or None, 30, "the Slack message to be updated")
+    assert f"Approved by {FINANCE} (decided in Slack)" in texts(updated[-1]["blocks"])
+    assert message.buttons == [], "a decided message has no buttons"
+    page = open_page(mail.link)
+    assert f"decided in Slack by {FINANCE}" in page.text
+
+
+def test_slack_down_does_not_hold_the_email_and_its_message_is_updated_once_up(
+    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+) -> None:
+    fake.fail("chat.postMessage", 429, retry_after="2", times=1)
+    stack = slack_stack(isolated_stack, tmp_path, fake)
+    order = new_order(stack.db_path, 100000)
+    stack.ingress.start_run(run_id, refund(order))
+    wait_until(lambda: fake.calls("chat.postMessage") or None, 30, "the first Slack post (rate limited)")
+    fake.fail("chat.postMessage", 503)
+    [mail] = wait_for_email(stack.outbox_dir, run_id)
+    assert submit(mail.link, "approve").status_code == 200
+    result = stack.ingress.wait_output(run_id, timeout=60).json()
+    assert result["actions"][0]["outcome"] == "approved"
+    assert fake.messages == [], "decided by email while Slack was still failing"
+    posts = wait_until(lambda: p if len(p := fake.calls("chat.postMessage")) >= 2 else None, 30, "a retry")
+    assert posts[0].status == 429 and posts[1].at - posts[0].at >= 1.5, "the retry waited for Retry-After"
+
+    fake.heal()
+    [message] = fake.wait_message(timeout=90)
+    updated = wait_until(lambda: message.updates or None, 60, "the Slack message to be updated")
+    assert f"Approved by {FINANCE} (decided by email)" in texts(updated[-1]["blocks"])
+    assert message.buttons == []
+    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 80000)]
+    assert len(fake.messages) == 1, "posted once"
+
+
+@pytest.mark.slow
+def test_kill9_between_a_slack_click_and_its_recording_decides_once(
+    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+) -> None:
+    stack = slack_stack(isolated_stack, tmp_path, fake, COUNTERSIGN_FAULT="crash-before-slack-decision")
+    order = new_order(stack.db_path, 100000)
+    stack.ingress.start_run(run_id, refund(order))
+    [message] = fake.wait_message()
+    view = open_modal(stack, fake, message, FINANCE_ID, "countersign_approve")
+    # The process that answers is the one the fault kills: its answer may be lost; the record counts.
+    with contextlib.suppress(httpx.HTTPError):
+        interact(stack, submission(view, FINANCE_ID, view_id="V-kill"))
+    wait_until(lambda: not stack.app.alive(), 30, "the fault to kill the handler")
+
+    stack.app.env.pop("COUNTERSIGN_FAULT")
+    stack.app.restart()
+    result = stack.ingress.wait_output(run_id, timeout=60).json()
+    assert result["actions"][0]["outcome"] == "approved"
+    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 80000)]
+    assert len(decided_entries(stack, f"{run_id}-a0")) == 1
+
+
+def test_slack_in_a_policy_without_its_settings_stops_the_start(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    tools = Registry(load_tools([DEMO_TOOLS]), policy)
+    keys = {"approvals_signing_keys": "k1:" + "s" * 32, "countersign_env": "dev"}
+    with pytest.raises(SystemExit) as caught:
+        startup.require_slack(Settings(**keys), tools)  # type: ignore[arg-type]
+    assert str(caught.value.code).startswith("SLACK_BOT_TOKEN is not set") and "\n" not in str(caught.value.code)
+    with pytest.raises(SystemExit, match=r"^SLACK_SIGNING_SECRET"):
+        startup.require_slack(Settings(**keys, slack_bot_token="xoxb-1"), tools)  # type: ignore[arg-type]
+    startup.require_slack(Settings(**keys, slack_bot_token="xoxb-1", slack_signing_secret="s"), tools)  # type: ignore[arg-type]
+    startup.require_slack(Settings(**keys), Registry(load_tools([DEMO_TOOLS]), None))  # type: ignore[arg-type]
+
+
+def test_a_reminder_an_expiry_and_a_cancel_rewrite_the_slack_message_in_place(
+    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY + "reminders_seconds = [2]\ndeadline_seconds = 5\n")
+    stack = isolated_stack(app_env={**slack_env(fake), "APPROVALS_POLICY_FILE": str(policy)})
+    stack.ingress.start_run(run_id, refund(new_order(stack.db_path, 100000)))
+    [message] = fake.wait_message()
+    reminded = wait_until(lambda: message.updates or None, 30, "the reminder")
+    assert "Reminder 1" in texts(reminded[0]["blocks"]) and len(message.buttons) == 2, "still decides"
+    wait_until(lambda: len(message.updates) >= 2 or None, 30, "the expiry")
+    assert "Expired" in texts(message.current["blocks"]) and message.buttons == []
+    assert stack.ingress.wait_output(run_id, timeout=60).json()["actions"][0]["outcome"] == "expired"
+    assert len(fake.messages) == 1, "a reminder rewrites the message, it posts no new one"
+
+    cancelled = f"{run_id}-c"
+    stack.ingress.start_run(cancelled, refund(new_order(stack.db_path, 100000)))
+    [_, second] = fake.wait_message(2)
+    stack.ingress.call("AgentRun", cancelled, "cancel", {"reason": "customer withdrew"})
+    wait_until(lambda: "Cancelled" in texts(second.current["blocks"]) or None, 30, "the cancel")
+    assert "customer withdrew" in texts(second.current["blocks"]) and second.buttons == []
+
+
+def test_an_approver_reached_only_through_slack_who_cannot_be_found_ends_the_approval_undeliverable(
+    isolated_stack: StackFactory, tmp_path: Path, run_id: str
+) -> None:
+    with running(FakeSlack({EVE_ID: "eve@example.com"})) as nobody_in_finance:
+        policy = tmp_path / "policy.toml"
+        policy.write_text('[tools.issue_refund]\nchannels = ["slack"]\n')
+        stack = isolated_stack(app_env={**slack_env(nobody_in_finance), "APPROVALS_POLICY_FILE": str(policy)})
+        order = new_order(stack.db_path, 100000)
+        stack.ingress.start_run(run_id, refund(order))
+        result = stack.ingress.wait_output(run_id, timeout=60).json()
+        assert result["actions"][0]["outcome"] == "undeliverable"
+        assert "users_not_found" in result["actions"][0]["reason"]
+        assert refunds_for(stack.db_path, run_id) == []
+        assert list(stack.outbox_dir.glob("approval-request_*.eml")) == [], "Slack only: no approval email"
+
+
+def test_an_escalation_retires_the_first_message_and_the_next_approver_decides_in_slack(
+    isolated_stack: StackFactory, tmp_path: Path, run_id: str
+) -> None:
+    lead, lead_id = "finance-lead@example.com", "ULEAD"
+    with running(FakeSlack({FINANCE_ID: FINANCE, lead_id: lead})) as fake:
+        policy = tmp_path / "policy.toml"
+        policy.write_text(POLICY + f'escalate_after_seconds = 2\nescalate_to = ["{lead}"]\n')
+        stack = isolated_stack(app_env={**slack_env(fake), "APPROVALS_POLICY_FILE": str(policy)})
+        order = new_order(stack.db_path, 100000)
+        stack.ingress.start_run(run_id, refund(order))
+        [first, second] = fake.wait_message(2)
+        assert second.channel == f"D{lead_id}" and len(second.buttons) == 2
+        wait_until(lambda: first.updates or None, 30, "the first message to be retired")
+        assert first.buttons == [] and f"Asked again, of {lead}" in texts(first.current["blocks"])
+
+        # A click on the first message as it was (a client that had not refreshed) decides nothing.
+        as_posted = dataclasses.replace(first, updates=[])
+        stale = open_modal(stack, fake, as_posted, FINANCE_ID, "countersign_approve")
+        interact(stack, submission(stale, FINANCE_ID, view_id="V-old"))
+        told = wait_until(lambda: [e for e in fake.ephemeral if e["user"] == FINANCE_ID] or None, 30, "the refusal")
+        assert "escalated" in told[0]["text"] and "changed nothing" in told[0]["text"]
+
+        view = open_modal(stack, fake, second, lead_id, "countersign_approve")
+        interact(stack, submission(view, lead_id, view_id="V-lead"))
+        result = stack.ingress.wait_output(run_id, timeout=60).json()
+        assert result["actions"][0]["outcome"] == "approved" and result["actions"][0]["approved_by"] == [lead]
+        assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 80000)]
+        wait_until(lambda: second.updates or None, 30, "the second message to say who decided")
+        assert f"Approved by {lead} (decided in Slack)" in texts(second.current["blocks"])
+
+
+def test_a_high_stakes_approval_in_slack_needs_the_typed_confirmation(
+    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    stack = isolated_stack(app_env={**slack_env(fake), "APPROVALS_POLICY_FILE": str(policy)})
+    order = new_order(stack.db_path, 150000)
+    stack.ingress.start_run(run_id, refund(order, "1200.00"))  # high stakes above $1000
+    [message] = fake.wait_message()
+    view = open_modal(stack, fake, message, FINANCE_ID, "countersign_approve")
+    [field] = [b for b in view["blocks"] if b.get("block_id") == "confirm"]
+    assert json.loads(view["private_metadata"])["c"] == "amount usd"
+    assert field["label"]["text"] == "High stakes: type the amount usd (1200.00) to confirm"
+
+    interact(stack, submission(view, FINANCE_ID, confirm="wrong", view_id="V-wrong"))
+    told = wait_until(lambda: [e for e in fake.ephemeral if e["user"] == FINANCE_ID] or None, 30, "the refusal")
+    assert "high-stakes" in told[0]["text"] and len(pending(stack, run_id)) == 1
+
+    interact(stack, submission(view, FINANCE_ID, confirm="$1,200.00", view_id="V-right"))
+    result = stack.ingress.wait_output(run_id, timeout=60).json()
+    assert result["actions"][0]["outcome"] == "approved"
+    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 120000)]
