@@ -155,6 +155,12 @@ def _check_link(token: str, record: ApprovalRecord) -> LinkCheck:
 async def _authentic(ctx: WorkflowSharedContext, token: str) -> tuple[links.LinkClaims, ApprovalRecord, LinkCheck]:
     """The claims, the record and the journaled check of a link to this approval; a 4xx (deciding
     nothing) unless the token is authentic for it (it may still be replaced or expired)."""
+    claims, record = await _linked(ctx, token)
+    return claims, record, await _verified(ctx, token, record)
+
+
+async def _linked(ctx: WorkflowSharedContext, token: str) -> tuple[links.LinkClaims, ApprovalRecord]:
+    """What a link claims and the record of this approval it names; a 4xx unless it names this one."""
     try:
         claims = links.parse(token)
     except LinkInvalid as exc:
@@ -162,20 +168,28 @@ async def _authentic(ctx: WorkflowSharedContext, token: str) -> tuple[links.Link
     record = await _record(ctx) if links.approval_id(claims.run_id, claims.index) == ctx.key() else None
     if record is None:
         raise TerminalError("This link is not valid.", 403)
+    return claims, record
+
+
+async def _verified(ctx: WorkflowSharedContext, token: str, record: ApprovalRecord) -> LinkCheck:
+    """The journaled check of the link's signature and standing; a 4xx when it is not authentic."""
     check = await ctx.run_typed("verify link", _check_link, token=token, record=record)
     if check.state == "invalid":
         raise TerminalError(check.reason, check.status)
-    return claims, record, check
+    return check
 
 
 @approval.handler(name="decide")
 async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionReceipt:
     """Record one approver's verdict. Re-verifies the link token itself; the first completion wins."""
-    claims, record, check = await _authentic(ctx, decision.token)
-
+    claims, record = await _linked(ctx, decision.token)
     promise = ctx.promise(slot_promise(record.approval_id, claims.round, claims.slot), type_hint=Verdict)
+    # Asked before the link check and answered alongside it (one round trip fewer after a click);
+    # its answer is read only once the link is known to be authentic.
+    peeked = promise.peek()
+    check = await _verified(ctx, decision.token, record)
     # An authentic link whose slot is already decided learns by whom, whatever its round or expiry.
-    if (winner := await promise.peek()) is not None:
+    if (winner := await peeked) is not None:
         return _receipt(record, winner, accepted=False)
     if check.state == "replaced":
         raise TerminalError("This link was replaced by a newer one; use the most recent email.", 410)
