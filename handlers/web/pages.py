@@ -60,7 +60,7 @@ class ApprovalPages:
             status, record = loaded
             claims, link_state = links.check(token, record, self.settings.approvals_signing_keys, time.time())
         except LinkInvalid as exc:
-            return notice(exc.status, "Link not valid", exc.reason)
+            return notice(exc.status, "Link expired" if exc.status == 410 else "Link not valid", exc.reason)
         except RunCallFailed as exc:
             return notice(exc.status, "Try again", exc.message)
 
@@ -284,13 +284,18 @@ async def _approval_status(runs: RunsClient, approval_id: str, expires: int) -> 
     """An approval's status. The request email goes out from the caller's journal just before the
     approval's own workflow has saved its record, so a link still within its validity may meet an
     approval that is not there yet: the page waits for it a little (a read, polled with a deadline),
-    then says "try again" (nothing can be verified, nothing is decided), never "invalid"."""
+    then says "try again" (nothing can be verified, nothing is decided), or "expired" once the link's
+    expiry has passed, never "invalid"."""
     deadline = time.monotonic() + _SETUP_WAIT_SECONDS
     pause = 0.02
     while True:
         status = await runs.status(approval_id)
-        if status.phase != "unknown" or time.time() >= expires:
+        if status.phase != "unknown":
             return status
+        if time.time() >= expires:
+            # Past the expiry it claims, a link decides nothing whatever it is: say so, as for a
+            # known approval (its workflow may still be starting after a crash of the handler).
+            raise LinkInvalid("This link has expired.", status=410)
         if time.monotonic() + pause > deadline:
             raise RunCallFailed(503, "This approval is still being set up. Please try again in a minute.")
         await asyncio.sleep(pause)
