@@ -19,12 +19,12 @@ from pydantic import BaseModel
 from restate import DurablePromise, TerminalError, WorkflowContext, WorkflowSharedContext
 
 from handlers import retention
-from handlers.approval import confirm
+from handlers.approval import confirm, tally
 from handlers.approval.edits import EditRejected, apply_edits
 from handlers.approval.gate import Act, GateResult, decide_and_act
 from handlers.approval.run_state import RunBook, RunState, load_approval, load_header, load_run
-from handlers.approval.tally import slot_verdict
 from handlers.approval.verdict import CANCEL_PROMISE, Verdict, slot_promise
+from handlers.approval.waiting import send_step
 from handlers.contract import (
     ApprovalRecord,
     CancelReceipt,
@@ -38,6 +38,7 @@ from handlers.contract import (
     RunStatus,
 )
 from handlers.errors import is_already_completed
+from handlers.mail.receipt_email import send_decision_receipt
 from handlers.objects.audit import AuditEntry, append
 from handlers.objects.delivery import DeliveryFailure
 from handlers.security import links
@@ -219,6 +220,12 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
         if not is_already_completed(exc):
             raise
         return _receipt(record, await promise.value(), accepted=False)
+    # The approver's emailed receipt goes out from here, once their verdict holds the slot: the
+    # waiting workflow resumes on the promise at once, and the receipt is not on the action's path.
+    voted = record.model_copy(deep=True)
+    tally.record_vote(voted, verdict)
+    name = f"email receipt #{record.index} round {verdict.round} slot {verdict.slot}"
+    await send_step(ctx, name, send_decision_receipt, voted, verdict.slot, verdict.client, verdict.edits)
     return _receipt(record, verdict, accepted=True)
 
 
@@ -384,7 +391,7 @@ async def delivery_failed(ctx: WorkflowSharedContext, failure: DeliveryFailure) 
     record = await _record(ctx)
     if record is None:
         return False
-    verdict = slot_verdict(record, failure, await ctx.time())
+    verdict = tally.slot_verdict(record, failure, await ctx.time())
     if verdict is None:
         return False
     return await complete(
