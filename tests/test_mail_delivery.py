@@ -61,17 +61,22 @@ def link_of(mail: Accepted) -> str:
 def journaled_completion(restate: RestateServer, run_id: str, step: str) -> dict[str, Any]:
     """How a `ctx.run` step ended, read back from restate-server's own journal table:
     `{"Success": <the journaled value>}` or `{"Failure": {"code": ..., "message": ...}}`."""
-    approval = f"{run_id}-a0"  # the approval's own workflow sends its emails
-    [run] = [r for r in restate.invocation_statuses("Approval", approval) if r["target_handler_name"] == "run"]
-    rows = restate.sql(f"select index, name, entry_json from sys_journal where id = '{run['id']}' order by index")
-    [command] = [json.loads(r["entry_json"])["Command"]["Run"] for r in rows if r.get("name") == step]
-    for row in rows:
-        completion = json.loads(row["entry_json"]).get("Notification", {}).get("Completion", {}).get("Run")
-        if completion and completion["completion_id"] == command["completion_id"]:
-            result = completion["result"]
-            if "Success" in result:
-                return {"Success": json.loads(opened(restate, bytes(result["Success"])))}
-            return dict(result)
+    # The run sends the request email; the approval's own workflow (`<run>-a0`) sends the rest.
+    for service, key in (("AgentRun", run_id), ("Approval", f"{run_id}-a0")):
+        for run in [r for r in restate.invocation_statuses(service, key) if r["target_handler_name"] == "run"]:
+            query = f"select index, name, entry_json from sys_journal where id = '{run['id']}' order by index"
+            rows = restate.sql(query)
+            commands = [json.loads(r["entry_json"])["Command"]["Run"] for r in rows if r.get("name") == step]
+            if not commands:
+                continue
+            [command] = commands
+            for row in rows:
+                completion = json.loads(row["entry_json"]).get("Notification", {}).get("Completion", {}).get("Run")
+                if completion and completion["completion_id"] == command["completion_id"]:
+                    result = completion["result"]
+                    if "Success" in result:
+                        return {"Success": json.loads(opened(restate, bytes(result["Success"])))}
+                    return dict(result)
     raise AssertionError(f"step {step!r} has no journaled result")
 
 

@@ -13,7 +13,7 @@ import re
 import weakref
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import restate
 from pydantic import BaseModel, Field, ValidationError
@@ -24,7 +24,7 @@ from handlers.approval.gate import Act, GateResult, act_on_deferred, freeze
 from handlers.approval.plan import ApprovedPlan, OnDeviation
 from handlers.approval.plan_calls import ask_plan_approval, refused_deviation, run_in_plan
 from handlers.approval.rounds import Opening, open_round
-from handlers.approval.run_state import RunBook, RunFacts
+from handlers.approval.run_state import RunBook, RunFacts, RunState
 from handlers.approval.trail import trail_of
 from handlers.approval.waiting import Waiter, notify_batch
 from handlers.approval.workflow import ApprovalRequest
@@ -193,8 +193,31 @@ async def _approval(
         confidence=asked.confidence,
     )
     record.deviation = deviation
-    request = ApprovalRequest(record=record, policy=asked.verdict, goal=facts.goal, model=facts.model, act=act)
+    # The request email goes out from this journal, so the approval's own start is not on the path
+    # to it (the page waits, bounded, for the record if a person is faster than the workflow).
+    # Never saved (the caller may be a Service, which keeps no state): it only carries the audit entries.
+    book = RunBook(cast(restate.WorkflowContext, ctx), RunState(**facts.model_dump()))
+    [delivered] = await _ask_people(book, [Waiter(book, record, asked.verdict.policy)])
+    request = ApprovalRequest(
+        record=record, policy=asked.verdict, goal=facts.goal, model=facts.model, act=act, delivered=delivered
+    )
     return await ctx.workflow_call(approval_run, key=record.approval_id, arg=request)
+
+
+async def _ask_people(book: RunBook, waiters: list[Waiter]) -> list[int]:
+    """Email the approvers of these approvals from the caller's journal (one email per approver for
+    a batch), and send what the audit trail and inboxes learn; the accepted sends per approval.
+    The caller then starts each approval's workflow with that count, and the workflow only waits."""
+    for waiter in waiters:
+        ledger.requested(book, waiter.record)
+    if len(waiters) > 1:
+        sent = await notify_batch(book, waiters)
+        delivered = [sent[i] for i in range(len(waiters))]
+    else:
+        delivered = [await waiters[0].notify("request", waiters[0].open_slots())]
+    # The caller's audit entries (the request and its emails) reach the trail before the approval's.
+    ledger.flush(book)
+    return delivered
 
 
 async def request_approval(
@@ -420,15 +443,9 @@ async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateRes
         book.state.approvals[record.approval_id] = record
     book.state.phase = "awaiting_approval"
     book.save()
-    delivered: list[int | None] = [None] * len(calls)
-    if batch:
-        waiters = [Waiter(book, r, c.verdict.policy) for r, c in zip(records, calls, strict=True)]
-        for waiter in waiters:
-            ledger.requested(book, waiter.record)
-        sent = await notify_batch(book, waiters)
-        delivered = [sent[i] for i in range(len(calls))]
-    # The run's own audit entries (a batch's request and emails) reach the trail before the approval's.
-    ledger.flush(book)
+    delivered = await _ask_people(
+        book, [Waiter(book, r, c.verdict.policy) for r, c in zip(records, calls, strict=True)]
+    )
     futures = [
         book.ctx.workflow_call(
             approval_run,

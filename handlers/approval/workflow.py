@@ -12,6 +12,7 @@ slot's promise wins, and every later one is refused by Restate.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from typing import Any, Literal, Protocol
 
 import restate
@@ -19,13 +20,13 @@ from pydantic import BaseModel
 from restate import DurablePromise, TerminalError, WorkflowContext, WorkflowSharedContext
 
 from handlers import retention
-from handlers.approval import confirm
+from handlers.approval import confirm, tally
 from handlers.approval.edits import EditRejected, apply_edits
 from handlers.approval.gate import Act, GateResult, decide_and_act
 from handlers.approval.plan import apply_plan_edits
 from handlers.approval.run_state import RunBook, RunState, load_approval, load_header, load_run
-from handlers.approval.tally import slot_verdict
 from handlers.approval.verdict import CANCEL_PROMISE, Verdict, slot_promise
+from handlers.approval.waiting import send_step
 from handlers.channels import slack, slack_interactions
 from handlers.channels.slack_interactions import SlackInteraction, SlackSubmission
 from handlers.contract import (
@@ -42,6 +43,7 @@ from handlers.contract import (
 )
 from handlers.errors import is_already_completed, is_cancellation
 from handlers.faults import crash_point
+from handlers.mail.receipt_email import send_decision_receipt
 from handlers.objects.audit import AuditEntry, append
 from handlers.objects.delivery import DeliveryFailure
 from handlers.security import links
@@ -173,6 +175,12 @@ def _check_link(token: str, record: ApprovalRecord) -> LinkCheck:
 async def _authentic(ctx: WorkflowSharedContext, token: str) -> tuple[links.LinkClaims, ApprovalRecord, LinkCheck]:
     """The claims, the record and the journaled check of a link to this approval; a 4xx (deciding
     nothing) unless the token is authentic for it (it may still be replaced or expired)."""
+    claims, record = await _linked(ctx, token)
+    return claims, record, await _verified(ctx, token, record)
+
+
+async def _linked(ctx: WorkflowSharedContext, token: str) -> tuple[links.LinkClaims, ApprovalRecord]:
+    """What a link claims and the record of this approval it names; a 4xx unless it names this one."""
     try:
         claims = links.parse(token)
     except LinkInvalid as exc:
@@ -180,17 +188,29 @@ async def _authentic(ctx: WorkflowSharedContext, token: str) -> tuple[links.Link
     record = await _record(ctx) if links.approval_id(claims.run_id, claims.index) == ctx.key() else None
     if record is None:
         raise TerminalError("This link is not valid.", 403)
+    return claims, record
+
+
+async def _verified(ctx: WorkflowSharedContext, token: str, record: ApprovalRecord) -> LinkCheck:
+    """The journaled check of the link's signature and standing; a 4xx when it is not authentic."""
     check = await ctx.run_typed("verify link", _check_link, token=token, record=record)
     if check.state == "invalid":
         raise TerminalError(check.reason, check.status)
-    return claims, record, check
+    return check
 
 
 @approval.handler(name="decide")
 async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionReceipt:
     """Record one approver's verdict. Re-verifies the link token itself; the first completion wins."""
-    claims, record, check = await _authentic(ctx, decision.token)
-    return await settle_slot(ctx, record, claims.round, claims.slot, check, decision, edits=decision.edits, via="email")
+    claims, record = await _linked(ctx, decision.token)
+    promise = ctx.promise(slot_promise(record.approval_id, claims.round, claims.slot), type_hint=Verdict)
+    # Asked before the link check and answered alongside it (one round trip fewer after a click);
+    # its answer is read only once the link is known to be authentic.
+    peeked = promise.peek()
+    check = await _verified(ctx, decision.token, record)
+    return await settle_slot(
+        ctx, record, claims.round, claims.slot, check, decision, edits=decision.edits, via="email", peeked=peeked
+    )
 
 
 async def settle_slot(
@@ -203,12 +223,16 @@ async def settle_slot(
     *,
     edits: dict[str, str],
     via: str,
+    peeked: Awaitable[Verdict | None] | None = None,
 ) -> DecisionReceipt:
     """Complete one slot's decision promise with a person's verdict, whichever channel carried it
-    (the channel checked who they are first); a 4xx that decides nothing when it does not fit."""
+    (the channel checked who they are first); a 4xx that decides nothing when it does not fit.
+    `peeked`: the slot's promise, already asked for by the caller."""
     promise = ctx.promise(slot_promise(record.approval_id, round_, slot), type_hint=Verdict)
+    if peeked is None:
+        peeked = promise.peek()
     # An authentic link whose slot is already decided learns by whom, whatever its round or expiry.
-    if (winner := await promise.peek()) is not None:
+    if (winner := await peeked) is not None:
         return _receipt(record, winner, accepted=False)
     if check.state == "replaced":
         raise TerminalError("This link was replaced by a newer one; use the most recent email.", 410)
@@ -239,6 +263,12 @@ async def settle_slot(
         if not is_already_completed(exc):
             raise
         return _receipt(record, await promise.value(), accepted=False)
+    # The approver's emailed receipt goes out from here, once their verdict holds the slot: the
+    # waiting workflow resumes on the promise at once, and the receipt is not on the action's path.
+    voted = record.model_copy(deep=True)
+    tally.record_vote(voted, verdict)
+    name = f"email receipt #{record.index} round {verdict.round} slot {verdict.slot}"
+    await send_step(ctx, name, send_decision_receipt, voted, verdict.slot, verdict.client, verdict.edits)
     return _receipt(record, verdict, accepted=True)
 
 
@@ -422,7 +452,7 @@ async def delivery_failed(ctx: WorkflowSharedContext, failure: DeliveryFailure) 
     record = await _record(ctx)
     if record is None:
         return False
-    verdict = slot_verdict(record, failure, await ctx.time())
+    verdict = tally.slot_verdict(record, failure, await ctx.time())
     if verdict is None:
         return False
     return await complete(

@@ -2,12 +2,13 @@
 
 Guarantee: GET and HEAD never change decision state, whoever sends them; a POST decides only with a
 valid link, a CSRF value bound to that link, a same-origin request and an explicit verdict, and is
-forwarded to `AgentRun.decide` (which verifies the link again). Every failure is a 4xx/503 page
+forwarded to `Approval.decide` (which verifies the link again). Every failure is a 4xx/503 page
 that says what happened; no stack trace, no token, ever reaches a response or a log.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Literal
@@ -36,6 +37,9 @@ log = logging.getLogger("countersign.pages")
 
 _MAX_FORM_FIELDS = 60
 _MAX_FORM_BYTES = 64 * 1024
+# How long a page waits for an approval whose email is out but whose workflow has not saved it yet
+# (milliseconds, normally); then it answers 503 "still being set up".
+_SETUP_WAIT_SECONDS = 3.0
 
 
 class ApprovalPages:
@@ -57,7 +61,7 @@ class ApprovalPages:
             status, record = loaded
             claims, link_state = links.check(token, record, self.settings.approvals_signing_keys, time.time())
         except LinkInvalid as exc:
-            return notice(exc.status, "Link not valid", exc.reason)
+            return notice(exc.status, "Link expired" if exc.status == 410 else "Link not valid", exc.reason)
         except RunCallFailed as exc:
             return notice(exc.status, "Try again", exc.message)
 
@@ -293,10 +297,22 @@ class ApprovalPages:
 
 
 async def _approval_status(runs: RunsClient, approval_id: str, expires: int) -> RunStatus:
-    """An approval's status. A batch's email goes out from the run just before each item's own
-    workflow has saved its record, so a link still within its validity may meet an approval that is
-    not there yet: that is "try again" (nothing can be verified, nothing is decided), not "invalid"."""
-    status = await runs.status(approval_id)
-    if status.phase == "unknown" and time.time() < expires:
-        raise RunCallFailed(503, "This approval is still being set up. Please try again in a minute.")
-    return status
+    """An approval's status. The request email goes out from the caller's journal just before the
+    approval's own workflow has saved its record, so a link still within its validity may meet an
+    approval that is not there yet: the page waits for it a little (a read, polled with a deadline),
+    then says "try again" (nothing can be verified, nothing is decided), or "expired" once the link's
+    expiry has passed, never "invalid"."""
+    deadline = time.monotonic() + _SETUP_WAIT_SECONDS
+    pause = 0.02
+    while True:
+        status = await runs.status(approval_id)
+        if status.phase != "unknown":
+            return status
+        if time.time() >= expires:
+            # Past the expiry it claims, a link decides nothing whatever it is: say so, as for a
+            # known approval (its workflow may still be starting after a crash of the handler).
+            raise LinkInvalid("This link has expired.", status=410)
+        if time.monotonic() + pause > deadline:
+            raise RunCallFailed(503, "This approval is still being set up. Please try again in a minute.")
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.5)
