@@ -89,12 +89,17 @@ def slot_verdict(record: ApprovalRecord, failure: DeliveryFailure, now: float) -
     voted = {v.slot for v in record.votes if v.round == record.round}
     if failure.slot not in record.active_slots or failure.slot in voted:
         return None
+    return undeliverable(failure, record.digest, now)
+
+
+def undeliverable(failure: DeliveryFailure, digest: str, now: float) -> Verdict:
+    """The `undeliverable` verdict of the slot a failed delivery was for."""
     what = failure.event.removeprefix("email.")
     return Verdict(
         kind="undeliverable",
         slot=failure.slot,
-        round=record.round,
-        digest=record.digest,
+        round=failure.round,
+        digest=digest,
         at=now,
         reason=f"the approval email could not be delivered ({what}{': ' + failure.detail if failure.detail else ''})",
         source="system",

@@ -35,6 +35,7 @@ from handlers.contract import ApprovalRecord, CancelRequest
 from handlers.errors import is_already_completed, is_cancellation
 from handlers.mail.approval_email import MailKind, idempotency_key, send_batch_request
 from handlers.mail.message import SendReceipt
+from handlers.mail.receipt_email import send_decision_receipt
 from handlers.tools.policy import ToolPolicy
 
 
@@ -66,15 +67,21 @@ class Waiter:
         return final
 
     async def take(self, verdict: Verdict) -> Verdict | None:
-        """A verdict that arrived on a slot: count it (a person's was confirmed to them by email by
-        `Approval.decide`), and when an approver cannot be reached, go on without them if the others
-        can still decide."""
+        """A verdict that arrived on a slot: count it, confirm a person's decision to them by email,
+        and when an approver cannot be reached, go on without them if the others can still decide."""
         if verdict.kind == "undeliverable" and verdict.slot >= 0:
             self.count(verdict)
             if tally.quorum_reachable(self.record):
                 return None
             return await self.escalate_or_give_up(verdict.reason)
-        return self.count(verdict)
+        final = self.count(verdict)
+        if verdict.source == "human" and verdict.kind in ("approve", "reject"):
+            # In this workflow, not in `decide`: a mail provider that is slow or failing must never
+            # hold up (or time out) the approver's click, only this receipt.
+            name = f"email receipt #{self.record.index} round {verdict.round} slot {verdict.slot}"
+            args = (self.record, verdict.slot, verdict.client, verdict.edits)
+            await send_step(self.ctx, name, send_decision_receipt, *args)
+        return final
 
     def conclude(self, final: Verdict) -> Verdict:
         """Mark the approval decided as soon as it is, before the other items of a batch are."""

@@ -26,7 +26,6 @@ from handlers.approval.gate import Act, GateResult, decide_and_act
 from handlers.approval.plan import apply_plan_edits
 from handlers.approval.run_state import RunBook, RunState, load_approval, load_header, load_run
 from handlers.approval.verdict import CANCEL_PROMISE, Verdict, slot_promise
-from handlers.approval.waiting import send_step
 from handlers.channels import slack, slack_interactions
 from handlers.channels.slack_interactions import SlackInteraction, SlackSubmission
 from handlers.contract import (
@@ -43,7 +42,6 @@ from handlers.contract import (
 )
 from handlers.errors import is_already_completed, is_cancellation
 from handlers.faults import crash_point
-from handlers.mail.receipt_email import send_decision_receipt
 from handlers.objects.audit import AuditEntry, append
 from handlers.objects.delivery import DeliveryFailure
 from handlers.security import links
@@ -263,12 +261,6 @@ async def settle_slot(
         if not is_already_completed(exc):
             raise
         return _receipt(record, await promise.value(), accepted=False)
-    # The approver's emailed receipt goes out from here, once their verdict holds the slot: the
-    # waiting workflow resumes on the promise at once, and the receipt is not on the action's path.
-    voted = record.model_copy(deep=True)
-    tally.record_vote(voted, verdict)
-    name = f"email receipt #{record.index} round {verdict.round} slot {verdict.slot}"
-    await send_step(ctx, name, send_decision_receipt, voted, verdict.slot, verdict.client, verdict.edits)
     return _receipt(record, verdict, accepted=True)
 
 
@@ -448,10 +440,14 @@ async def viewed(ctx: WorkflowSharedContext, view: PageView) -> None:
 async def delivery_failed(ctx: WorkflowSharedContext, failure: DeliveryFailure) -> bool:
     """An approver's email bounced or was refused: that approver cannot decide this round. The
     workflow then waits for the others, escalates, or ends the approval `undeliverable`. False for a
-    stale failure."""
+    stale failure. A failure of the first request, which the caller sends before this workflow has
+    saved its record, is held ahead: the slot starts undeliverable when the workflow waits."""
     record = await _record(ctx)
     if record is None:
-        return False
+        if failure.approval_id != ctx.key() or failure.round != 1:
+            return False
+        ahead = tally.undeliverable(failure, "", await ctx.time())
+        return await complete(ctx.promise(slot_promise(ctx.key(), 1, failure.slot), type_hint=Verdict), ahead)
     verdict = tally.slot_verdict(record, failure, await ctx.time())
     if verdict is None:
         return False
