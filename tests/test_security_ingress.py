@@ -287,10 +287,10 @@ def test_public_handlers_stay_public(app_server: AppServer, restate_server: Rest
     private = {
         "AgentRun": {"delivery_failed"},
         "Approval": {"run", "delivery_failed"},
-        "ApprovalInbox": {"apply"},
+        "ApprovalInbox": {"apply", "entries"},
         "ApprovalAudit": {"append", "append_all"},
         "EmailDelivery": {"record"},
-        "ToolStats": {"record"},
+        "ToolStats": {"record", "samples"},
     }
     for service in public:
         described = httpx.get(f"{restate_server.admin_url}/services/{service}", timeout=10).json()
