@@ -37,7 +37,7 @@ from bench.stack import Stack
 from bench.stats import ratio
 from bench.subjects import Countersign, Floor, Subject, now
 
-RUNS = {"full": 2000, "quick": 40}
+RUNS = {"full": 2000, "quick": 20}
 """Runs per system in the burst, by plan mode (the issue's figure is a burst of 2,000 decisions)."""
 DRAIN_TARGET = 0.6
 CPU_TARGET = 3.0
