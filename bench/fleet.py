@@ -122,6 +122,8 @@ async def _one(d: Driver, subject: Subject, runs: int) -> dict[str, Any]:
         "decide_seconds": round(last_decision - t0, 3),
         "drain_seconds": round(drained - t0, 3),
         "backlog_after_last_decision_s": round(max(drained, quiet) - last_decision, 3),
+        "runs_done_after_last_decision_s": round(drained - last_decision, 3),
+        "bookkeeping_after_last_run_s": round(max(0.0, quiet - drained), 3),
         "cpu_ms_per_decision": cpu.ms_per_op(runs),
         "restate_bytes_per_completed_run": round(kept / runs, 1),
         "disk_bytes_per_completed_run": round(max(0, after_disk - before_disk) / runs, 1),
