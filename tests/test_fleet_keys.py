@@ -128,8 +128,8 @@ def test_a_late_click_on_a_finished_run_reads_the_decision_from_the_kept_record(
 
     wait_until(lambda: journals() == 0, 20, "the finished run's journals to go")
     page = open_page(mail.link)
-    assert page.status_code == 200 and "approved by finance@example.com" in page.text, page.text
+    assert page.status_code == 200 and "approved by finance@example.com at " in page.text, page.text
     late = submit(mail.link, "reject", "changed my mind", csrf=stale_tab)
     assert late.status_code == 409, late.text
-    assert "this was already decided" in late.text and "approved by finance@example.com" in late.text, late.text
+    assert "this was already decided" in late.text and "approved by finance@example.com at " in late.text, late.text
     assert journals() == 0, "a late click leaves no journal behind either"
