@@ -35,7 +35,7 @@ from bench.plan import quick_plan
 from bench.probes import disk_usage
 from bench.stack import Stack
 from bench.stats import ratio
-from bench.subjects import Countersign, Floor, Subject, now
+from bench.subjects import Countersign, Floor, Library, Subject, now
 
 RUNS = {"full": 2000, "quick": 20}
 """Runs per system in the burst, by plan mode (the issue's figure is a burst of 2,000 decisions)."""
@@ -209,15 +209,11 @@ async def _main(work: Path, runs: int, concurrency: int) -> dict[str, Any]:
             httpx.AsyncClient(base_url=stack.restate.ingress_url, timeout=300, trust_env=False, limits=limits) as ing,
             httpx.AsyncClient(timeout=300, trust_env=False, limits=limits) as pages,
         ):
-            d = Driver(
-                stack,
-                plan,
-                ing,
-                Countersign(stack.countersign, stack.outbox, stack.db_path, pages),
-                Floor(stack.floor, stack.markers, ing),
-            )
+            agent = Countersign(stack.countersign, stack.outbox, stack.db_path, pages)
+            d = Driver(stack, plan, ing, agent, Floor(stack.floor, stack.markers, ing), Library(agent))
             stop = asyncio.Event()
-            watchers = [asyncio.create_task(s.watcher.run(stop)) for s in d.subjects]
+            # One watcher per folder: the agent and the library path share the outbox.
+            watchers = [asyncio.create_task(w.run(stop)) for w in d.watchers]
             try:
                 return await fleet_runs(d, runs)
             finally:
