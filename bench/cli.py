@@ -29,6 +29,7 @@ import httpx
 from bench import REPO
 from bench.crash import crash_recovery
 from bench.driver import Driver, progress
+from bench.fleet import fleet_runs
 from bench.latency import approval_path, resume_after_turns, warm_up
 from bench.paused import paused_runs
 from bench.plan import Plan, full_plan, quick_plan
@@ -45,6 +46,7 @@ SCENARIOS: dict[str, Scenario] = {
     "steps": step_overhead,
     "resume": resume_after_turns,
     "crash": crash_recovery,
+    "fleet": fleet_runs,
     "paused": paused_runs,
 }
 

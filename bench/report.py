@@ -16,6 +16,8 @@ matplotlib.use("Agg")  # headless: chosen before pyplot is imported
 import matplotlib.pyplot as plt
 import numpy as np
 
+from bench import fleet
+
 SYSTEMS = ("floor", "countersign")
 COLORS = {"floor": "#7f7f7f", "countersign": "#1f77b4", "library": "#2ca02c"}
 LIBRARY = "library"
@@ -91,6 +93,7 @@ def headlines(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "countersign": [m["countersign"][low]["p50"], m["countersign"][high]["p50"]],
             "ratio": m["ratio_p50"],
         }
+    rows.update(fleet.headlines(metrics))
     for name, row in rows.items():
         row["target"] = metrics[name]["target"]
         row["met"] = bool(metrics[name]["met"])

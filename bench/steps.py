@@ -2,7 +2,8 @@
 
 Guarantee: a Countersign "step" is one scripted autonomous tool call (a model turn, the policy, the
 tool, the state update, the cancel check); how many journal entries that really is, is read back from
-Restate's own journal (`sys_journal`), never assumed, so the per-journaled-step figure compares like
+Restate's own journal (`sys_journal`) of runs held waiting on a gated refund after their steps (a
+finished run keeps no journal), never assumed, so the per-journaled-step figure compares like
 with like against the floor's one `ctx.run` per step.
 """
 
@@ -30,6 +31,24 @@ async def _journal_counts(d: Driver, service: str, run_id: str) -> dict[str, int
     return {str(row["t"]): int(row["n"]) for row in rows}
 
 
+async def _waiting_journals(d: Driver, low: int, high: int) -> tuple[dict[str, int], dict[str, int]]:
+    """The journal entry counts of two Countersign runs of `low` and `high` steps, read while each
+    waits on a gated refund after its steps: a finished run keeps no journal (handlers.retention).
+    The gate's own entries are the same in both and drop out of the difference. The runs are then
+    approved and run to their end, so they leave nothing waiting behind."""
+    cs = d.countersign
+    ids = {n: d.run_ids(cs, f"sj{n}", 1)[0] for n in (low, high)}
+    for n, run_id in ids.items():
+        await d.send(cs, run_id, cs.waiting_task(run_id, n + 1))
+    await d.wait_notified(cs, ids.values())
+    await d.wait_suspended(cs, list(ids.values()))
+    counts = {n: await _journal_counts(d, cs.service, run_id) for n, run_id in ids.items()}
+    for run_id in ids.values():
+        await cs.decide(await cs.prepare(run_id))
+        cs.check_done(run_id, await d.attach(cs, run_id))
+    return counts[low], counts[high]
+
+
 def _per_step(low: dict[str, int], high: dict[str, int], steps: int) -> dict[str, float]:
     def count(counts: dict[str, int], prefix: str, exclude: tuple[str, ...] = ()) -> int:
         return sum(n for t, n in counts.items() if t.startswith(prefix) and t not in exclude)
@@ -47,7 +66,6 @@ async def step_overhead(d: Driver) -> dict[str, Any]:
     counts = sorted(d.plan.step_counts)
     latencies: dict[str, dict[int, list[float]]] = {s.name: {n: [] for n in counts} for s in d.pair}
     accounts: dict[str, dict[int, CpuAccount]] = {s.name: {n: d.cpu(s) for n in counts} for s in d.pair}
-    last_id: dict[tuple[str, int], str] = {}
     progress(f"step overhead: {counts} steps, {d.plan.step_samples} runs each per system")
     for n in counts:
         for _ in range(d.plan.step_samples):
@@ -58,14 +76,12 @@ async def step_overhead(d: Driver) -> dict[str, Any]:
                     t0 = time.perf_counter()
                     await d.call(subject, run_id, task)
                     latencies[subject.name][n].append((time.perf_counter() - t0) * 1000)
-                last_id[(subject.name, n)] = run_id
 
     metric: dict[str, Any] = {"steps": counts}
     for subject in d.pair:
         metric[subject.name] = _line(subject, counts, latencies[subject.name], accounts[subject.name])
     low, high = counts[0], counts[-1]
-    journal_low = await _journal_counts(d, d.countersign.service, last_id[("countersign", low)])
-    journal_high = await _journal_counts(d, d.countersign.service, last_id[("countersign", high)])
+    journal_low, journal_high = await _waiting_journals(d, low, high)
     per_step = _per_step(journal_low, journal_high, high - low)
     cs = metric["countersign"]
     cs["journal_entries_per_step"] = {k: round(v, 3) for k, v in per_step.items()}

@@ -27,6 +27,10 @@ ALL_METRICS = (
     "paused_cost",
     "crash_recovery",
     "resume_after_turns",
+    "fleet_drain",
+    "fleet_cpu",
+    "fleet_backlog",
+    "fleet_completed_bytes",
 )
 PERCENTILES = ("p50", "p90", "p99")
 PROCESSES = ("restate", "app")

@@ -60,7 +60,13 @@ def link_of(mail: Accepted) -> str:
 
 def journaled_completion(restate: RestateServer, run_id: str, step: str) -> dict[str, Any]:
     """How a `ctx.run` step ended, read back from restate-server's own journal table:
-    `{"Success": <the journaled value>}` or `{"Failure": {"code": ..., "message": ...}}`."""
+    `{"Success": <the journaled value>}` or `{"Failure": {"code": ..., "message": ...}}`. The
+    invocation must still be running (a finished one keeps no journal); polled, since the step's
+    result is journaled a moment after its effect is seen."""
+    return wait_until(lambda: _completion(restate, run_id, step), 30, f"step {step!r} to have a journaled result")
+
+
+def _completion(restate: RestateServer, run_id: str, step: str) -> dict[str, Any] | None:
     # The run sends the request email; the approval's own workflow (`<run>-a0`) sends the rest.
     for service, key in (("AgentRun", run_id), ("Approval", f"{run_id}-a0")):
         for run in [r for r in restate.invocation_statuses(service, key) if r["target_handler_name"] == "run"]:
@@ -77,7 +83,7 @@ def journaled_completion(restate: RestateServer, run_id: str, step: str) -> dict
                     if "Success" in result:
                         return {"Success": json.loads(opened(restate, bytes(result["Success"])))}
                     return dict(result)
-    raise AssertionError(f"step {step!r} has no journaled result")
+    return None
 
 
 def opened(restate: RestateServer, value: bytes) -> bytes:
@@ -105,11 +111,7 @@ def test_the_approval_email_goes_through_resend_once_and_its_link_decides(
         "run_id": tag_value(run_id),
         "slot": "0",
     }
-    assert submit(link_of(mail), "approve").status_code == 200
-    result = stack.ingress.wait_output(run_id).json()
-    assert result["actions"][0]["outcome"] == "approved"
-    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 80000)]
-
+    # Read while the approval waits: a finished workflow keeps its record but not its journal.
     receipt = journaled_result(stack.restate, run_id, "email request #0 round 1 slot 0")
     assert receipt == {
         "backend": "resend",
@@ -117,6 +119,10 @@ def test_the_approval_email_goes_through_resend_once_and_its_link_decides(
         "idempotency_key": request_key(run_id),
         "kind": "request",
     }
+    assert submit(link_of(mail), "approve").status_code == 200
+    result = stack.ingress.wait_output(run_id).json()
+    assert result["actions"][0]["outcome"] == "approved"
+    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 80000)]
     assert len(fake.requests_for(request_key(run_id))) == 1
 
 
@@ -170,10 +176,24 @@ def test_a_final_refusal_is_not_retried_escalates_and_ends_undeliverable(
     assert [t.status for t in fake.requests_for(request_key(run_id))] == [422], "a refusal is never retried"
     assert [t.status for t in fake.requests_for(escalation_key)] == [422], "the demo policy escalates once"
     assert fake.accepted_for(request_key(run_id)) == fake.accepted_for(escalation_key) == []
+    assert refunds_for(stack.db_path, run_id) == []
+
+
+def test_a_final_refusal_is_journaled_as_a_terminal_failure_with_the_providers_reason(
+    stack: IsolatedStack, fake: FakeResend, run_id: str
+) -> None:
+    """The refused step's journaled failure, read while the escalated approval waits (a finished
+    workflow keeps no journal): the 422 and Resend's reason, not a retryable error."""
+    fake.fail_next(Fault("reject", status=422, name="validation_error", message="Invalid `to` field."))
+    stack.ingress.start_run(run_id, refund(new_order(stack.db_path, 100000)))
+    escalation_key = f"approval-escalation/{run_id}-a0/r2/s1"
+    wait_accepted(fake, escalation_key)
+    wait_until(lambda: stack.ingress.status(run_id)["pending"], 30, "the escalated approval to wait")
     failure = journaled_completion(stack.restate, run_id, "email request #0 round 1 slot 0")["Failure"]
     assert failure["code"] == 422
     assert failure["message"] == "email not sent: Resend answered 422 validation_error: Invalid `to` field."
-    assert refunds_for(stack.db_path, run_id) == []
+    assert [t.status for t in fake.requests_for(request_key(run_id))] == [422], "a refusal is never retried"
+    stack.ingress.call("AgentRun", run_id, "cancel", {"reason": "test done"})
 
 
 @pytest.mark.slow

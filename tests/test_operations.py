@@ -54,7 +54,7 @@ def test_inbox_follows_approve_reject_and_cancel(
     wait_until(lambda: not wanted & set(inbox(ingress, "finance@example.com")), 20, "the inbox to drop them")
 
 
-def test_bookkeeping_keeps_its_state_but_no_journal(
+def test_a_finished_run_keeps_its_record_but_no_journal(
     app_server: AppServer, ingress: Ingress, restate_server: RestateServer, outbox_dir: Path, demo_db: Path, run_id: str
 ) -> None:
     ingress.start_run(run_id, refund_task(new_order(demo_db, 100000)))
@@ -70,19 +70,42 @@ def test_bookkeeping_keeps_its_state_but_no_journal(
         "requested",
         "email_accepted",
     ]
+    waiting = restate_server.sql(
+        "select count(*) as n from sys_journal j join sys_invocation i on i.id = j.id"
+        f" where i.target_service_key = '{approval}' and i.target_handler_name = 'run'"
+    )
+    assert waiting[0]["n"] > 0, "a waiting approval has its journal (it replays from it)"
     assert submit(mail.link, "approve").status_code == 200
     assert ingress.wait_output(run_id).json()["status"] == "completed"
     kinds = wait_until(lambda: audited("outcome"), 20, "the audit trail to record the outcome")
     assert kinds[-3:] == ["decided", "executed", "outcome"], kinds
-    journals = restate_server.sql(
-        "select i.target_service_name as service, count(*) as entries from sys_journal j"
-        " join sys_invocation i on i.id = j.id"
-        f" where i.target_service_key in ('{run_id}', '{approval}', 'finance@example.com')"
-        " group by i.target_service_name"
+
+    def journals() -> dict[str, int]:
+        rows = restate_server.sql(
+            "select i.target_service_name as service, count(*) as entries from sys_journal j"
+            " join sys_invocation i on i.id = j.id"
+            f" where i.target_service_key in ('{run_id}', '{approval}')"
+            " or i.target_service_key like 'finance@example.com%' or i.target_service_key like 'issue_refund%'"
+            " group by i.target_service_name"
+        )
+        return {row["service"]: row["entries"] for row in rows}
+
+    # Once decided and done, the journals go (the run's, the approval's, the click's, the bookkeeping's):
+    # the record is the workflows' state and promises, and the audit trail.
+    wait_until(lambda: journals() == {}, 20, "the finished journals to be dropped")
+    kept = {
+        (row["service_name"], row["key"])
+        for row in restate_server.sql(
+            f"select service_name, key from state where service_key in ('{run_id}', '{approval}')"
+        )
+    }
+    assert {("AgentRun", "run"), ("Approval", "run"), ("Approval", f"approval:{approval}")} <= kept, kept
+    [promise] = restate_server.sql(
+        f"select completed from sys_promise where service_key = '{approval}' and key like 'decision:%'"
     )
-    kept = {row["service"]: row["entries"] for row in journals}
-    assert kept.get("AgentRun", 0) > 0, "the run's own journal is kept (evidence, replay)"
-    assert "ApprovalAudit" not in kept and "ApprovalInbox" not in kept, kept
+    assert promise["completed"], "the decision stays readable for late clicks"
+    status = ingress.call("Approval", approval, "status", None).json()
+    assert status["approvals"][0]["state"] == "approved" and status["approvals"][0]["decided_by"]
 
 
 def test_reassign_moves_the_inbox_and_kills_old_links(

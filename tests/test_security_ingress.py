@@ -315,10 +315,10 @@ def test_public_handlers_stay_public(app_server: AppServer, restate_server: Rest
     private = {
         "AgentRun": {"delivery_failed"},
         "Approval": {"run", "delivery_failed"},
-        "ApprovalInbox": {"apply"},
+        "ApprovalInbox": {"apply", "entries"},
         "ApprovalAudit": {"append", "append_all"},
         "EmailDelivery": {"record"},
-        "ToolStats": {"record"},
+        "ToolStats": {"record", "samples"},
         "WebhookEvents": {"publish"},
         "WebhookDelivery": {"deliver"},
         "WebhookLog": {"record"},

@@ -10,6 +10,7 @@ the right bytes); without the cipher the same search finds them (so it can fail)
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -91,17 +92,12 @@ def test_the_journal_holds_no_plaintext_of_marked_values(
     held = everything_restate_holds(restate_server, run_id) + everything_restate_holds(restate_server, approval)
     for what, value in marked.items():
         assert value not in held, f"the {what} is stored in plaintext"
-    # Keys are not journal values: the approver's address is the ApprovalInbox object's key, so it
-    # is readable in the target of the run's sends to that inbox, and nowhere else.
-    approver = "finance@example.com"
+    # A finished run keeps no journal (handlers.retention): its record is its state and promises.
     ids = f"select id from sys_invocation where target_service_key in ('{run_id}', '{approval}')"
-    entries = restate_server.sql(f"select entry_type, entry_json, raw from sys_journal where id in ({ids})")
-    naming = [e for e in entries if approver in bytes.fromhex(e["raw"] or "").decode("utf-8", errors="replace")]
-    assert naming, "the approval tells the approver's inbox"
-    for entry in naming:
-        assert entry["entry_type"] == "Command: OneWayCall"
-        assert f'"name":"ApprovalInbox","key":"{approver}"' in entry["entry_json"]
-        assert approver not in entry["entry_json"].replace(f'"key":"{approver}"', ""), "only as the key"
+    wait_until(
+        lambda: not restate_server.sql(f"select id from sys_journal where id in ({ids})"), 20, "the journals to go"
+    )
+    approver = "finance@example.com"
     values = restate_server.sql(
         f"select value_utf8 as v from state where service_key in ('{run_id}', '{approval}') union all "
         f"select completion_success_value_utf8 as v from sys_promise where service_key in ('{run_id}', '{approval}')"
@@ -123,12 +119,52 @@ def test_the_journal_holds_no_plaintext_of_marked_values(
     assert marked["approver reason"] in cipher.open(promise["v"].encode()).decode()
 
 
+def test_a_waiting_approval_names_its_approver_only_as_the_key_of_its_inbox_shard(
+    app_server: AppServer, ingress: Ingress, restate_server: RestateServer, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    """Keys are not journal values: while the approval waits, the approver's address is readable in
+    the target of its sends to the approver's inbox shard, and nowhere else."""
+    marked = markers()
+    task = {
+        "goal": f"Refund ({marked['goal']})",
+        "requester": marked["requester"],
+        "script": [
+            {
+                "tool": "issue_refund",
+                "args": {"order_id": new_order(demo_db, 100000), "amount_usd": "700.00", "reason": "r"},
+            }
+        ],
+    }
+    assert ingress.start_run(run_id, task).status_code == 202
+    wait_for_email(outbox_dir, run_id)
+    approver, approval = "finance@example.com", f"{run_id}-a0"
+    ids = f"select id from sys_invocation where target_service_key in ('{run_id}', '{approval}')"
+    entries = restate_server.sql(f"select entry_type, entry_json, raw from sys_journal where id in ({ids})")
+    naming = [e for e in entries if approver in bytes.fromhex(e["raw"] or "").decode("utf-8", errors="replace")]
+    assert naming, "the approval tells the approver's inbox"
+    as_key = re.compile(f'"key":"{re.escape(approver)}#[0-9]{{2}}"')
+    for entry in naming:
+        assert entry["entry_type"] == "Command: OneWayCall"
+        assert f'"name":"ApprovalInbox","key":"{approver}#' in entry["entry_json"]
+        assert approver not in as_key.sub("", entry["entry_json"]), "only as the key"
+    held = everything_restate_holds(restate_server, run_id) + everything_restate_holds(restate_server, approval)
+    assert all(value not in held for value in marked.values())
+    ingress.call("AgentRun", run_id, "cancel", {"reason": "cleanup"})
+
+
 def test_error_text_is_scrubbed_before_restate_stores_it(
     app_server: AppServer, ingress: Ingress, restate_server: RestateServer, run_id: str
 ) -> None:
     """Failures bypass the cipher: an input that does not parse must not leave its content behind."""
     email = f"pii-{secrets.token_hex(4)}@example.com"
-    reply = ingress.call("AgentRun", run_id, "decide", {"token": "v1.k1.AAAAAAAAAA.AAAA", "verdict": email})
+    # With an idempotency key (as the pages send one), Restate keeps the failed call's answer.
+    reply = ingress.call(
+        "AgentRun",
+        run_id,
+        "decide",
+        {"token": "v1.k1.AAAAAAAAAA.AAAA", "verdict": email},
+        headers={"idempotency-key": f"scrub-{run_id}"},
+    )
     assert reply.status_code == 400
     assert "[email]" in reply.json()["message"] and email not in reply.text
     wait_until(lambda: restate_server.invocation_statuses(key=run_id), 10, "the decide invocation to be listed")
@@ -138,21 +174,25 @@ def test_error_text_is_scrubbed_before_restate_stores_it(
 def test_a_failing_step_is_stored_scrubbed(isolated_stack: StackFactory) -> None:
     stack = isolated_stack(app_env={"COUNTERSIGN_FAULT": "fail-in-effect:issue_refund"})
     email = f"pii-{secrets.token_hex(4)}@example.com"
-    order = new_order(stack.db_path, 10000)
+    order = new_order(stack.db_path, 100000)
+    small = {"order_id": order, "amount_usd": "20.00", "reason": f"asked by {email}"}
+    # Then a gated refund, so the run waits with the failed step in its journal (a finished run keeps none).
+    gated = {"order_id": order, "amount_usd": "700.00", "reason": "then more"}
     task = {
         "goal": "Refund a small order",
         "requester": "alice@example.com",
-        "script": [
-            {"tool": "issue_refund", "args": {"order_id": order, "amount_usd": "20.00", "reason": f"asked by {email}"}}
-        ],
+        "script": [{"tool": "issue_refund", "args": small}, {"tool": "issue_refund", "args": gated}],
     }
     stack.ingress.start_run("failing-step", task)
-    result = stack.ingress.wait_output("failing-step", timeout=60).json()
-    [action] = result["actions"]
-    assert action["outcome"] == "failed" and "[email]" in action["result"]["error"]
+    wait_for_email(stack.outbox_dir, "failing-step")
     held = everything_restate_holds(stack.restate, "failing-step")
     assert 'RuntimeError("issue_refund failed for' in held, "the step's failure is in the journal, readable"
     assert email not in held
+    stack.ingress.call("AgentRun", "failing-step", "cancel", {"reason": "done"})
+    result = stack.ingress.wait_output("failing-step", timeout=60).json()
+    action = result["actions"][0]
+    assert action["outcome"] == "failed" and "[email]" in action["result"]["error"]
+    assert email not in everything_restate_holds(stack.restate, "failing-step")
 
 
 def test_without_journal_keys_the_same_search_finds_the_plaintext(isolated_stack: StackFactory) -> None:

@@ -236,7 +236,9 @@ def _check_task(run_id: str, task: AgentTask) -> None:
             raise TerminalError(f"on_model_retired: {exc}", 400) from None
 
 
-@agent_run.main(name="run", input_serde=TaskSerde(), workflow_retention=retention.RUN)
+@agent_run.main(
+    name="run", input_serde=TaskSerde(), workflow_retention=retention.RUN, journal_retention=retention.RUN_JOURNAL
+)
 async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
     """Run the agent loop until the model answers, the run is cancelled, or the turn budget ends."""
     _check_task(ctx.key(), task)
@@ -496,7 +498,7 @@ def _own(ctx: WorkflowSharedContext, approval_id: str) -> str:
     return approval_id
 
 
-@agent_run.handler(name="decide")
+@agent_run.handler(name="decide", journal_retention=retention.NO_JOURNAL)
 async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionReceipt:
     """Record one approver's verdict: handed to the approval's own workflow, which re-verifies the
     token and lets the first completion win."""
@@ -510,7 +512,7 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
     return await ctx.workflow_call(approval_decide, key=key, arg=decision)
 
 
-@agent_run.handler(name="cancel")
+@agent_run.handler(name="cancel", journal_retention=retention.NO_JOURNAL)
 async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelReceipt:
     """Stop the run: a pending approval resolves as `cancelled` and nothing further executes."""
     state = await load_run(ctx, with_actions=False)
@@ -527,14 +529,14 @@ async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelRe
     return CancelReceipt(run_id=ctx.key(), accepted=accepted, cancelled_approvals=cancelled)
 
 
-@agent_run.handler(name="reassign")
+@agent_run.handler(name="reassign", journal_retention=retention.NO_JOURNAL)
 async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> ReassignReceipt:
     """Hand a pending approval (one approver's part of it) to someone else, through the approval."""
     return await ctx.workflow_call(approval_reassign, key=_own(ctx, request.approval_id), arg=request)
 
 
 # Private: kept for deployments whose deliveries still name the run; only Countersign calls it.
-@agent_run.handler(name="delivery_failed", ingress_private=True)
+@agent_run.handler(name="delivery_failed", journal_retention=retention.NO_JOURNAL, ingress_private=True)
 async def delivery_failed(ctx: WorkflowSharedContext, failure: DeliveryFailure) -> bool:
     """An approver's email bounced or was refused: handed to the approval (which decides what follows)."""
     return await ctx.workflow_call(approval_delivery_failed, key=_own(ctx, failure.approval_id), arg=failure)

@@ -2,7 +2,9 @@
 
 Guarantee: every notice is a journaled one-way send from the run (exactly-once delivery through
 Restate) with a deterministic audit entry id, so replays and retries neither lose nor repeat one.
-Inbox and trust notices go at once; audit entries are held and sent together by `flush`, which the
+Inbox and trust notices go at once, each to the shard of its approver or tool that holds the
+approval (handlers.objects.shards), so no object that every run of one approver or one tool shares
+is on their way; audit entries are held and sent together by `flush`, which the
 run calls before it waits for a person, after each turn's approvals, when it ends and on a hard
 cancel (an email step still retrying holds back the entries since the last flush).
 """
@@ -16,8 +18,8 @@ from handlers.approval.verdict import Verdict
 from handlers.contract import ActionRecord, ApprovalRecord
 from handlers.events import emit as events
 from handlers.objects.audit import AuditEntries, AuditEntry, AuditKind, append_all
-from handlers.objects.inbox import InboxChange, InboxEntry, InboxEvent, apply
-from handlers.objects.trust import OutcomeSample, record
+from handlers.objects.inbox import InboxChange, InboxEntry, InboxEvent, apply, inbox_key
+from handlers.objects.trust import OutcomeSample, record, stats_key
 
 
 def _entry(record_: ApprovalRecord) -> InboxEntry:
@@ -36,8 +38,9 @@ def _entry(record_: ApprovalRecord) -> InboxEntry:
 
 
 def inbox(book: RunBook, record_: ApprovalRecord, change: InboxChange, slots: list[int], why: str = "") -> None:
+    event = InboxEvent(change=change, entry=_entry(record_), why=why)
     for person in sorted({record_.approvers[s] for s in slots}):
-        book.ctx.object_send(apply, key=person, arg=InboxEvent(change=change, entry=_entry(record_), why=why))
+        book.ctx.object_send(apply, key=inbox_key(person, record_.approval_id), arg=event)
 
 
 def audit(
@@ -217,4 +220,4 @@ def finished(book: RunBook, record_: ApprovalRecord, action: ActionRecord, at: f
         edited=bool(action.edits),
         triggers=sorted({s.kind for s in record_.stopped_because}),
     )
-    book.ctx.object_send(record, key=record_.tool, arg=sample)
+    book.ctx.object_send(record, key=stats_key(record_.tool, record_.approval_id), arg=sample)

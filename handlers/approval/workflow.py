@@ -75,7 +75,9 @@ class ApprovalRequest(BaseModel):
 
 # Private: a caller's own journaled step freezes what this runs; through the ingress anyone could
 # start an approval of any arguments, for any approvers.
-@approval.main(name="run", workflow_retention=retention.RUN, ingress_private=True)
+@approval.main(
+    name="run", workflow_retention=retention.RUN, journal_retention=retention.RUN_JOURNAL, ingress_private=True
+)
 async def run(ctx: WorkflowContext, request: ApprovalRequest) -> GateResult:
     """Ask, wait for the decision (reminders, escalation, quorum, deadline), then act on it."""
     record = request.record
@@ -197,7 +199,7 @@ async def _verified(ctx: WorkflowSharedContext, token: str, record: ApprovalReco
     return check
 
 
-@approval.handler(name="decide")
+@approval.handler(name="decide", journal_retention=retention.NO_JOURNAL)
 async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionReceipt:
     """Record one approver's verdict. Re-verifies the link token itself; the first completion wins."""
     claims, record = await _linked(ctx, decision.token)
@@ -331,7 +333,7 @@ def _slot_state(verdict: Verdict) -> str:
     return _SLOT_STATE[verdict.kind]
 
 
-@approval.handler(name="cancel")
+@approval.handler(name="cancel", journal_retention=retention.NO_JOURNAL)
 async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelReceipt:
     """Close a pending approval as `cancelled`: nothing executes. Not accepted once it is decided.
     An approval whose workflow has not saved its record yet (its caller froze it a moment ago) is
@@ -361,7 +363,7 @@ async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelRe
     return CancelReceipt(run_id=record.run_id, accepted=won, cancelled_approvals=[record.approval_id] if won else [])
 
 
-@approval.handler(name="reassign")
+@approval.handler(name="reassign", journal_retention=retention.NO_JOURNAL)
 async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> ReassignReceipt:
     """Hand a pending approval (one approver's part of it) to someone else: a new round starts and
     older links stop working. A 400 that changes nothing when the request does not fit."""
@@ -436,7 +438,7 @@ async def viewed(ctx: WorkflowSharedContext, view: PageView) -> None:
 
 
 # Private: only `EmailDelivery.record` calls it, after a verified provider event.
-@approval.handler(name="delivery_failed", ingress_private=True)
+@approval.handler(name="delivery_failed", journal_retention=retention.NO_JOURNAL, ingress_private=True)
 async def delivery_failed(ctx: WorkflowSharedContext, failure: DeliveryFailure) -> bool:
     """An approver's email bounced or was refused: that approver cannot decide this round. The
     workflow then waits for the others, escalates, or ends the approval `undeliverable`. False for a
@@ -467,7 +469,7 @@ async def complete(promise: DurablePromise[Any], value: Any) -> bool:
     return True
 
 
-@approval.handler(name="slack_decide")
+@approval.handler(name="slack_decide", journal_retention=retention.NO_JOURNAL)
 async def slack_decide(ctx: WorkflowSharedContext, interaction: SlackInteraction) -> DecisionReceipt:
     """A decision made in Slack's modal: Slack's signature is verified again here, the clicking Slack
     user must be the approver of the slot the message was sent to (by their Slack email), then the

@@ -16,6 +16,7 @@ import restate
 from pydantic import BaseModel, Field
 from restate import ObjectContext, TerminalError
 
+from handlers import retention
 from handlers.channels import slack
 from handlers.channels.base import ChannelRequest
 from handlers.errors import is_cancellation
@@ -93,7 +94,7 @@ async def update_message(channel: str, ts: str, text: str, blocks: list[dict[str
 
 
 # Private: only the approval's workflow sends here.
-@slack_messages.handler(name="post", ingress_private=True)
+@slack_messages.handler(name="post", ingress_private=True, journal_retention=retention.NO_JOURNAL)
 async def post(ctx: ObjectContext, request: SlackPost) -> None:
     r = request.request
     try:
@@ -145,7 +146,7 @@ def _undeliverable(ctx: ObjectContext, r: ChannelRequest, error: str) -> None:
     )
 
 
-@slack_messages.handler(name="update", ingress_private=True)
+@slack_messages.handler(name="update", ingress_private=True, journal_retention=retention.NO_JOURNAL)
 async def update(ctx: ObjectContext, notice: SlackNotice) -> None:
     messages = await ctx.get(STATE, type_hint=Messages) or Messages()
     for n, message in enumerate(messages.items):

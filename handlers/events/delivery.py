@@ -197,7 +197,7 @@ def _retry_after(value: str | None) -> float | None:
 
 
 # Private: only `publish` hands events here.
-@webhook_delivery.handler(name="deliver", ingress_private=True)
+@webhook_delivery.handler(name="deliver", ingress_private=True, journal_retention=retention.NO_JOURNAL)
 async def deliver(ctx: ObjectContext, event: WebhookEvent) -> DeliveryOutcome:
     """POST `event` to this key's endpoint until it answers 2xx or the attempts run out."""
     tenant, endpoint, _ = ctx.key().split(":", 2)

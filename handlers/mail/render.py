@@ -43,8 +43,10 @@ def template_dir() -> Path:
 
 @functools.cache
 def environment() -> Environment:
+    # auto_reload off: installed templates do not change under a running process (see handlers.web.views).
     env = Environment(
         loader=FileSystemLoader(template_dir()),
+        auto_reload=False,
         autoescape=select_autoescape(enabled_extensions=("html",), default_for_string=False),
         undefined=StrictUndefined,
         keep_trailing_newline=True,

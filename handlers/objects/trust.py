@@ -6,6 +6,12 @@ tool's figures as JSON. The graduation hint appears only after enough human deci
 Calls stopped by a confidence-gated checkpoint are also counted per trigger (`confidence`, `check`):
 how many it stopped and how many of those people then rejected, so a team sees whether it catches
 what approvers turn down.
+
+Cost: a tool's samples are spread over its shards (`tool#00` … `tool#15`, see handlers.objects.shards;
+an approval always in the same one), each holding its last `SHARD_SAMPLES` samples one state key per
+sample, so a decision writes a few small values (its sample, the ring slot, the counts) whatever the
+history, and decisions of one tool do not queue behind one object. `stats` on the tool's own key
+merges the shards (and what an older version kept on that key as one value).
 """
 
 from __future__ import annotations
@@ -17,10 +23,13 @@ from pydantic import BaseModel, Field
 from restate import Context, ObjectContext, ObjectSharedContext
 
 from handlers import retention
+from handlers.objects.shards import SHARDS, is_shard, shard_key, shard_keys
 from handlers.settings import get_settings
 from handlers.tools import default_registry
 
 MAX_SAMPLES = 2000
+"""The samples the figures are computed from, over all of a tool's shards: the most recent ones."""
+SHARD_SAMPLES = -(-MAX_SAMPLES // SHARDS)
 
 
 class OutcomeSample(BaseModel):
@@ -55,6 +64,14 @@ class _Samples(BaseModel):
     triggers: dict[str, TriggerFigures] = Field(default_factory=dict)
 
 
+class _Head(BaseModel):
+    """A shard's small bookkeeping value: how many samples it took, and the counts by outcome."""
+
+    taken: int = 0
+    counts: dict[str, int] = Field(default_factory=dict)
+    triggers: dict[str, TriggerFigures] = Field(default_factory=dict)
+
+
 class ToolFigures(BaseModel):
     tool: str
     total: int
@@ -80,16 +97,39 @@ tool_stats = restate.VirtualObject("ToolStats", description="Decision figures of
 trust_ramp = restate.Service("TrustRamp", description="Decision figures of every tool, for the trust ramp.")
 
 
+_HEAD = "head"
+_SAMPLE = "sample:"
+_RING = "ring:"
+_LEGACY = "samples"
+
+
+def stats_key(tool: str, approval_id: str) -> str:
+    """Where the sample of this approval goes: the tool's shard that holds it."""
+    return shard_key(tool, approval_id)
+
+
 # Only the runs record samples (journaled sends): a sample from the ingress would skew the ramp.
-@tool_stats.handler(name="record", journal_retention=retention.NO_JOURNAL, ingress_private=True)
+# Lazy state: a record reads three small values, not the shard's whole ring.
+@tool_stats.handler(name="record", enable_lazy_state=True, journal_retention=retention.NO_JOURNAL, ingress_private=True)
 async def record(ctx: ObjectContext, sample: OutcomeSample) -> None:
-    data = await ctx.get("samples", type_hint=_Samples) or _Samples()
-    if any(s.approval_id == sample.approval_id for s in data.samples):
+    if await ctx.get(_SAMPLE + sample.approval_id, type_hint=OutcomeSample) is not None:
         return
-    data.samples = [*data.samples, sample][-MAX_SAMPLES:]
-    data.counts[sample.outcome] = data.counts.get(sample.outcome, 0) + 1
+    head = await ctx.get(_HEAD, type_hint=_Head) or _Head()
+    # A ring of SHARD_SAMPLES slots: the sample it overwrites leaves the figures (its count stays).
+    slot = f"{_RING}{head.taken % SHARD_SAMPLES}"
+    if (evicted := await ctx.get(slot, type_hint=str)) is not None:
+        ctx.clear(_SAMPLE + evicted)
+    ctx.set(slot, sample.approval_id)
+    ctx.set(_SAMPLE + sample.approval_id, sample)
+    head.taken += 1
+    head.counts[sample.outcome] = head.counts.get(sample.outcome, 0) + 1
+    _count_triggers(head.triggers, sample)
+    ctx.set(_HEAD, head)
+
+
+def _count_triggers(into: dict[str, TriggerFigures], sample: OutcomeSample) -> None:
     for kind in sample.triggers:
-        counted = data.triggers.setdefault(kind, TriggerFigures())
+        counted = into.setdefault(kind, TriggerFigures())
         counted.gated += 1
         if sample.outcome in ("approved", "approved_with_edits"):
             counted.approved += 1
@@ -98,12 +138,52 @@ async def record(ctx: ObjectContext, sample: OutcomeSample) -> None:
         else:
             counted.other += 1
         counted.edited += int(sample.edited)
-    ctx.set("samples", data)
+
+
+def _add_triggers(into: dict[str, TriggerFigures], more: dict[str, TriggerFigures]) -> None:
+    for kind, counted in more.items():
+        mine = into.setdefault(kind, TriggerFigures())
+        for name in ("gated", "approved", "rejected", "edited", "other"):
+            setattr(mine, name, getattr(mine, name) + getattr(counted, name))
+
+
+async def _own(ctx: ObjectSharedContext) -> _Samples:
+    """What this key holds: a shard's ring, or the single value an older version kept per tool."""
+    data = await ctx.get(_LEGACY, type_hint=_Samples) or _Samples()
+    head = await ctx.get(_HEAD, type_hint=_Head)
+    if head is not None:
+        for key in await ctx.state_keys():
+            if key.startswith(_SAMPLE) and (found := await ctx.get(key, type_hint=OutcomeSample)) is not None:
+                data.samples.append(found)
+        _add_counts(data.counts, head.counts)
+        _add_triggers(data.triggers, head.triggers)
+    return data
+
+
+def _add_counts(into: dict[str, int], more: dict[str, int]) -> None:
+    for outcome, n in more.items():
+        into[outcome] = into.get(outcome, 0) + n
+
+
+# Private: `stats` gathers the shards; the raw samples are not part of what the ingress offers.
+@tool_stats.handler(name="samples", kind="shared", journal_retention=retention.NO_JOURNAL, ingress_private=True)
+async def samples(ctx: ObjectSharedContext) -> _Samples:
+    """This key's own samples and counts (one shard's share of a tool's figures)."""
+    return await _own(ctx)
 
 
 @tool_stats.handler(name="stats", kind="shared", journal_retention=retention.NO_JOURNAL)
 async def stats(ctx: ObjectSharedContext) -> ToolFigures:
-    data = await ctx.get("samples", type_hint=_Samples) or _Samples()
+    data = await _own(ctx)
+    if not is_shard(ctx.key()):
+        calls = [ctx.object_call(samples, key=shard, arg=None) for shard in shard_keys(ctx.key())]
+        for part in await restate.gather(*calls):
+            shard = await part
+            data.samples.extend(shard.samples)
+            _add_counts(data.counts, shard.counts)
+            _add_triggers(data.triggers, shard.triggers)
+    # The shards hold at most MAX_SAMPLES together; an older version's samples (first) make up the rest.
+    data.samples = data.samples[-MAX_SAMPLES:]
     found = figures(ctx.key(), data.samples, data.counts, get_settings().trust_ramp_min_decisions)
     rates = {kind: counted.rejection_rate for kind, counted in data.triggers.items()}
     return found.model_copy(update={"triggers": data.triggers, "trigger_rejection_rates": rates})

@@ -17,8 +17,11 @@ from starlette.responses import HTMLResponse
 from handlers.security.textsafety import finalize, verbatim
 from handlers.web import wording
 
+# auto_reload off: the templates ship with the package, and checking their mtimes on every page
+# (and its base template) was a measurable share of a decision's handler CPU.
 _TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
+    auto_reload=False,
     autoescape=select_autoescape(default=True),
     finalize=finalize,
 )

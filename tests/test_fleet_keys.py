@@ -1,0 +1,135 @@
+"""Cost at fleet scale: no object that every run of one approver or one tool shares is on the decision
+path, the views those objects gave stay whole, and a finished run keeps its record, not its journal.
+
+Every run here has the same approver (finance@example.com) and the same gated tool (issue_refund).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from support.approver import form_csrf, open_page, submit, wait_for_email
+from support.business import new_order
+from support.processes import AppServer, Ingress, RestateServer, wait_until
+
+from handlers.objects.shards import SHARDS, is_shard, shard_key, shard_keys
+
+APPROVER, TOOL = "finance@example.com", "issue_refund"
+RUNS = 8
+
+
+def refund_task(order: int) -> dict[str, Any]:
+    step = {"tool": TOOL, "args": {"order_id": order, "amount_usd": "700.00", "reason": "fleet"}}
+    return {"goal": "fleet test", "requester": "alice@example.com", "script": [step]}
+
+
+def inbox(ingress: Ingress) -> set[str]:
+    reply = ingress.call("ApprovalInbox", APPROVER, "pending", None)
+    reply.raise_for_status()
+    return {item["approval_id"] for item in reply.json()["pending"]}
+
+
+def figures(ingress: Ingress) -> dict[str, Any]:
+    reply = ingress.call("ToolStats", TOOL, "stats", None)
+    reply.raise_for_status()
+    found: dict[str, Any] = reply.json()
+    return found
+
+
+def sends_of(restate: RestateServer, approvals: list[str], service: str) -> list[str]:
+    """The keys of `service` the approvals' own journals send to."""
+    keys = ", ".join(f"'{a}'" for a in approvals)
+    rows = restate.sql(
+        "select j.entry_json from sys_journal j join sys_invocation i on i.id = j.id"
+        f" where i.target_service_name = 'Approval' and i.target_service_key in ({keys})"
+        " and j.entry_type = 'Command: OneWayCall'"
+    )
+    named = re.compile(f'"name":"{service}","key":"([^"]+)"')
+    return [key for row in rows for key in named.findall(row["entry_json"])]
+
+
+def test_shard_keys_are_stable_spread_and_never_a_plain_key() -> None:
+    ids = [f"run-{n}-a0" for n in range(400)]
+    assert [shard_key(APPROVER, i) for i in ids] == [shard_key(APPROVER, i) for i in ids], "deterministic"
+    used = {shard_key(APPROVER, i) for i in ids}
+    assert used == set(shard_keys(APPROVER)) and len(used) == SHARDS
+    assert all(is_shard(k) for k in used)
+    assert not is_shard(APPROVER) and not is_shard(TOOL) and not is_shard("a#b@example.com")
+    assert shard_key("a#b@example.com", "x") != "a#b@example.com"
+
+
+def test_one_approver_and_one_tool_share_no_key_and_the_views_stay_whole(
+    app_server: AppServer, ingress: Ingress, restate_server: RestateServer, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    before = figures(ingress)
+    runs = [f"{run_id}-{n}" for n in range(RUNS)]
+    approvals = [f"{run}-a0" for run in runs]
+    for run in runs:
+        ingress.start_run(run, refund_task(new_order(demo_db, 100000)))
+    mails = {run: wait_for_email(outbox_dir, run)[0] for run in runs}
+    wait_until(lambda: set(approvals) <= inbox(ingress), 30, "the approver's inbox to list every run")
+
+    # While they wait: every inbox update went to a shard of the approver, none to the approver's key.
+    inbox_targets = sends_of(restate_server, approvals, "ApprovalInbox")
+    assert len(inbox_targets) >= RUNS, inbox_targets
+    assert all(is_shard(k) and k.startswith(APPROVER) for k in inbox_targets), inbox_targets
+    assert len(set(inbox_targets)) > 1, "runs of one approver spread over several keys"
+    own = restate_server.sql(
+        f"select key from state where service_name = 'ApprovalInbox' and service_key = '{APPROVER}'"
+        " and key like 'entry:%'"
+    )
+    assert own == [], "the approver's own key holds no entry (only the revocation point)"
+
+    for run in runs:
+        assert submit(mails[run].link, "approve").status_code == 200
+    for run in runs:
+        assert ingress.wait_output(run).json()["status"] == "completed"
+    wait_until(lambda: not set(approvals) & inbox(ingress), 30, "the inbox to drop every decided run")
+
+    def counted() -> dict[str, Any] | None:
+        now = figures(ingress)
+        return now if now["total"] == before["total"] + RUNS else None
+
+    after = wait_until(counted, 30, "every decision in the trust figures")
+    assert after["counts"].get("approved", 0) == before["counts"].get("approved", 0) + RUNS
+    assert after["human_decisions"] == before["human_decisions"] + RUNS
+    assert after["median_seconds_to_decision"] is not None
+
+    # The tool's figures: one small value per sample on the tool's shards, nothing on the tool's key,
+    # and no value that grows with the number of decisions.
+    stats = restate_server.sql(
+        "select service_key, key, length(value) as n from state where service_name = 'ToolStats'"
+        f" and service_key like '{TOOL}%'"
+    )
+    assert stats and all(is_shard(row["service_key"]) for row in stats), stats
+    samples = [row for row in stats if row["key"].startswith("sample:")]
+    assert {row["key"] for row in samples} >= {f"sample:{a}" for a in approvals}
+    assert max(int(row["n"]) for row in stats) < 1024, "every stored value stays small"
+
+
+def test_a_late_click_on_a_finished_run_reads_the_decision_from_the_kept_record(
+    app_server: AppServer, ingress: Ingress, restate_server: RestateServer, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    ingress.start_run(run_id, refund_task(new_order(demo_db, 100000)))
+    [mail] = wait_for_email(outbox_dir, run_id)
+    stale_tab = form_csrf(mail.link)
+    assert submit(mail.link, "approve").status_code == 200
+    assert ingress.wait_output(run_id).json()["status"] == "completed"
+    approval = f"{run_id}-a0"
+
+    def journals() -> int:
+        rows = restate_server.sql(
+            "select count(*) as n from sys_journal j join sys_invocation i on i.id = j.id"
+            f" where i.target_service_key in ('{run_id}', '{approval}')"
+        )
+        return int(rows[0]["n"])
+
+    wait_until(lambda: journals() == 0, 20, "the finished run's journals to go")
+    page = open_page(mail.link)
+    assert page.status_code == 200 and "approved by finance@example.com at " in page.text, page.text
+    late = submit(mail.link, "reject", "changed my mind", csrf=stale_tab)
+    assert late.status_code == 409, late.text
+    assert "this was already decided" in late.text and "approved by finance@example.com at " in late.text, late.text
+    assert journals() == 0, "a late click leaves no journal behind either"
