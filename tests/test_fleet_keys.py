@@ -39,11 +39,14 @@ def figures(ingress: Ingress) -> dict[str, Any]:
 
 
 def sends_of(restate: RestateServer, approvals: list[str], service: str) -> list[str]:
-    """The keys of `service` the approvals' own journals send to."""
+    """The keys of `service` the approvals' journals send to: their own workflows', and their runs'
+    (a run sends the first request, and what the inbox learns of it)."""
     keys = ", ".join(f"'{a}'" for a in approvals)
+    runs = ", ".join(f"'{a.rsplit('-a', 1)[0]}'" for a in approvals)
     rows = restate.sql(
         "select j.entry_json from sys_journal j join sys_invocation i on i.id = j.id"
-        f" where i.target_service_name = 'Approval' and i.target_service_key in ({keys})"
+        f" where ((i.target_service_name = 'Approval' and i.target_service_key in ({keys}))"
+        f" or (i.target_service_name = 'AgentRun' and i.target_service_key in ({runs})))"
         " and j.entry_type = 'Command: OneWayCall'"
     )
     named = re.compile(f'"name":"{service}","key":"([^"]+)"')
