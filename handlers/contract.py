@@ -85,6 +85,11 @@ class ScriptStep(Strict):
 # --- Post-plan gating: a plan of intended tool calls, approved once (see handlers/approval/plan.py).
 
 
+MAX_PLAN_FORM_FIELDS = 50
+"""A plan's editable fields on its page, bounded so that they and the page's own few fields stay under
+the pages' form-field cap (60) and a plan can always be decided."""
+
+
 class PlanStep(Strict):
     """One intended kind of call: `tool`, with `args` fixed to these values, each field of `one_of`
     taking one of its values, each number of `at_most` at most its bound, at most `calls` times."""
@@ -116,7 +121,17 @@ class Plan(Strict):
     def _bounded(self) -> Plan:
         if (size := args_size(self.model_dump(mode="json"))) > MAX_TOOL_ARGS_BYTES:
             raise ValueError(f"the plan is {size} bytes of JSON; at most {MAX_TOOL_ARGS_BYTES} are accepted")
+        if (fields := self.form_fields) > MAX_PLAN_FORM_FIELDS:
+            raise ValueError(
+                f"the plan needs {fields} fields on its approval page (1 + per step 2 + one per at_most bound); "
+                f"at most {MAX_PLAN_FORM_FIELDS} fit: use fewer steps or bounds"
+            )
         return self
+
+    @property
+    def form_fields(self) -> int:
+        """How many editable fields its approval page has (see `handlers.approval.plan.editable_fields`)."""
+        return 1 + sum(2 + len(step.at_most) for step in self.steps)
 
     @property
     def total(self) -> int:

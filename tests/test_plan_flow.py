@@ -13,6 +13,8 @@ from support.approver import approval_emails, form_csrf, open_page, submit, wait
 from support.business import new_order, refunds_for
 from support.processes import AppServer, Ingress, StackFactory, wait_until
 
+from handlers.demo.business_db import connect, transaction
+
 
 def refund(order: int, amount: str) -> dict[str, Any]:
     return {"tool": "issue_refund", "args": {"order_id": order, "amount_usd": amount, "reason": "damaged in transit"}}
@@ -274,3 +276,62 @@ def test_kill9_of_the_handler_while_a_plan_approval_waits_then_approve(isolated_
         ("kill-plan/2", orders[1], 70000),
     ], "each refund exactly once"
     assert len(approval_emails(stack.outbox_dir, "kill-plan")) == 1
+
+
+def test_a_call_inside_the_plan_stopped_by_low_confidence_gets_its_own_approval(
+    isolated_stack: StackFactory, tmp_path: Path, run_id: str
+) -> None:
+    (tmp_path / "policy.toml").write_text("[tools.issue_refund]\ngate_below_confidence = 0.7\n")
+    stack = isolated_stack(app_env={"APPROVALS_POLICY_FILE": str(tmp_path / "policy.toml")})
+    order = new_order(stack.db_path, 12000)
+    task = plan_task([order], ["120.00"], bound="800", calls=1)
+    task["script"][0]["confidence"] = 0.3
+    assert stack.ingress.start_run(run_id, task).status_code == 202
+    [plan_mail] = wait_for_email(stack.outbox_dir, run_id)
+    assert submit(plan_mail.link, "approve").status_code == 200
+
+    # The refund fits the plan, but the model was unsure of it: a person decides it on its own.
+    pending = wait_pending(stack.ingress, run_id, 1)
+    assert pending["tool"] == "issue_refund"
+    [own_record] = [a for a in stack.ingress.status(run_id)["approvals"] if a["approval_id"] == f"{run_id}-a1"]
+    assert own_record["stopped_because"][0]["kind"] == "confidence" and own_record["deviation"] is None
+    _, own = wait_for_email(stack.outbox_dir, run_id, count=2)
+    assert f"{run_id}-a1" in own.path.name and "the model's confidence was 0.30 < 0.70" in own.text
+    assert "Outside the approved plan" not in own.text, "it is not a deviation"
+    assert refunds_for(stack.db_path, run_id) == [], "nothing ran on the plan's approval alone"
+
+    assert submit(own.link, "approve", csrf=form_csrf(own.link)).status_code == 200
+    result = stack.ingress.wait_output(run_id, timeout=60).json()
+    _, refund_action = result["actions"]
+    assert refund_action["outcome"] == "approved" and refund_action["approval_id"] == f"{run_id}-a1"
+    assert refund_action["deviation"] is None
+    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/1", order, 12000)]
+
+
+def test_a_quorum_two_tool_inside_a_plan_still_needs_its_two_approvals(
+    app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    with connect(demo_db) as db, transaction(db):
+        db.execute("INSERT OR IGNORE INTO customers(id, name, email) VALUES ('c_977', 'Temp', 't@example.com')")
+    delete = {"tool": "delete_customer", "args": {"customer_id": "c_977", "reason": "duplicate"}}
+    plan = {"steps": [{"tool": "delete_customer", "args": {"customer_id": "c_977"}}]}
+    task = {"goal": "Remove duplicates", "requester": "alice@example.com", "script": [delete], "plan": {"script": plan}}
+    assert ingress.start_run(run_id, task).status_code == 202
+    plan_mails = wait_for_email(outbox_dir, run_id, count=2)
+    ops_plan = next(m for m in plan_mails if m.message["To"] == "ops@example.com")
+    assert submit(ops_plan.link, "approve").status_code == 200, "one person approves the plan"
+
+    pending = wait_pending(ingress, run_id, 1)
+    assert pending["tool"] == "delete_customer" and pending["quorum"] == 2
+    mails = [m for m in wait_for_email(outbox_dir, run_id, count=4) if f"{run_id}-a1" in m.path.name]
+    assert sorted(m.message["To"] for m in mails) == ["ops@example.com", "security@example.com"]
+    with connect(demo_db) as db:
+        assert db.execute("SELECT deleted_at FROM customers WHERE id = 'c_977'").fetchone()[0] is None
+    for mail in mails:
+        assert submit(mail.link, "approve", csrf=form_csrf(mail.link), confirm="c_977").status_code == 200
+    result = ingress.wait_output(run_id).json()
+    _, deleted = result["actions"]
+    assert deleted["outcome"] == "approved" and deleted["approval_id"] == f"{run_id}-a1"
+    assert deleted["approved_by"] == ["ops@example.com", "security@example.com"]
+    with connect(demo_db) as db:
+        assert db.execute("SELECT count(*) FROM customer_deletions WHERE customer_id = 'c_977'").fetchone()[0] == 1

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from handlers.approval.calls import GatedCall, approve_and_act, run_alone
-from handlers.approval.plan import ApprovedPlan
+from handlers.approval.plan import ApprovedPlan, route_call
 from handlers.approval.plan_calls import refused_deviation, run_in_plan
 from handlers.approval.rounds import Opening, open_round
 from handlers.approval.run_state import RunBook
@@ -75,8 +75,9 @@ async def handle_turn(
     book: RunBook, calls: list[ToolCall], answers: list[PolicyAnswer | None], plan: ApprovedPlan | None = None
 ) -> list[ActionRecord]:
     """Every call of one turn, each with its outcome, in the order the model proposed them. With the
-    run's `plan`, a call inside it runs at once (linked to the plan); a gated call outside it is a
-    deviation, asked again with what deviates, or refused, as the plan's policy says."""
+    run's `plan`, a call inside it runs at once (linked to the plan) unless it needs its own approval
+    (`route_call`); a gated call outside it is a deviation, asked again with what deviates, or
+    refused, as the plan's policy says."""
     base = len(book.state.actions)
     done: dict[int, ActionRecord] = {}
     gated: list[GatedCall] = []
@@ -107,8 +108,9 @@ async def handle_turn(
             )
             continue
         state = book.state
-        deviation = plan.admit(call.name, args) if plan is not None else None
-        if plan is not None and deviation is None:
+        route = route_call(plan, answer.verdict, call.name, args)
+        if route.kind == "inside":
+            assert plan is not None
             done[index] = await run_in_plan(
                 book.ctx,
                 call.name,
@@ -120,11 +122,14 @@ async def handle_turn(
                 requester=state.requester,
             )
             continue
-        if plan is not None and deviation is not None and answer.opening is not None:
+        # `own`: inside the plan's bounds, but the call needs a person of its own; it is asked as an
+        # ordinary approval (its checkpoint reasons, quorum and confirmation show as for any call).
+        if route.kind == "outside" and route.why is not None and answer.opening is not None:
+            assert plan is not None
             if plan.deviation_rule(answer.verdict.policy) == "refuse":
-                done[index] = refused_deviation(call.name, args, index, plan, deviation)
+                done[index] = refused_deviation(call.name, args, index, plan, route.why)
                 continue
-            deviations[index] = deviation
+            deviations[index] = route.why
         if answer.opening is not None:
             gated.append(
                 GatedCall(

@@ -21,7 +21,7 @@ from restate import RunOptions, TerminalError
 
 from handlers.approval import ledger
 from handlers.approval.gate import Act, GateResult, act_on_deferred, freeze
-from handlers.approval.plan import ApprovedPlan, OnDeviation
+from handlers.approval.plan import ApprovedPlan, OnDeviation, route_call
 from handlers.approval.plan_calls import ask_plan_approval, refused_deviation, run_in_plan
 from handlers.approval.rounds import Opening, open_round
 from handlers.approval.run_state import RunBook, RunFacts, RunState
@@ -289,7 +289,9 @@ async def gated_call(
     executed, result). A call the policy lets run alone runs at once, in the caller's own step.
 
     With `plan` (from `request_plan_approval`): a call inside the approved plan runs at once, linked
-    to the plan's approval (`plan_approval_id`) and counted against it; a gated call outside it is a
+    to the plan's approval (`plan_approval_id`) and counted against it, unless a checkpoint stopped
+    it or its tool needs a quorum or is high stakes for these arguments (then it is asked on its own,
+    as without a plan, and not counted); a gated call outside it is a
     deviation, asked again (the email and page say how it deviates) or refused, as the plan says.
     `confidence` and `results` feed the policy's checkpoints, as for `request_approval`."""
     where, at, name, asked = await _open(ctx, tool, args, requester, tenant, run_id, index, confidence, results)
@@ -298,8 +300,9 @@ async def gated_call(
         return ActionRecord(
             index=at, tool=name, proposed_args=dict(args), outcome=outcome, result={"error": asked.error}
         )
-    deviation = plan.admit(name, asked.args) if plan is not None else None
-    if plan is not None and deviation is None:
+    route = route_call(plan, asked.verdict, name, asked.args)
+    if route.kind == "inside":
+        assert plan is not None
         return await run_in_plan(
             ctx, name, asked.args, plan, run_id=where, index=at, tenant=tenant, requester=requester
         )
@@ -307,11 +310,13 @@ async def gated_call(
         version = asked.verdict.version if asked.verdict else ""
         return await run_alone(ctx, name, asked.args, where, at, tenant, requester, version)
     assert asked.verdict is not None
+    # `own` (inside the plan's bounds, but the call needs a person of its own) is an ordinary approval.
+    deviation = route.why if route.kind == "outside" else None
     if plan is not None and deviation is not None and plan.deviation_rule(asked.verdict.policy) == "refuse":
         return refused_deviation(name, asked.args, at, plan, deviation)
     facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
     result = await _approval(ctx, facts, name, at, asked, why, act="execute", trail=trail, deviation=deviation)
-    if plan is not None:
+    if plan is not None and deviation is not None:
         result.action.plan_approval_id, result.action.deviation = plan.approval_id, deviation
     return result.action
 

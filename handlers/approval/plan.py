@@ -3,18 +3,23 @@
 Guarantee: a plan is frozen like an action (its canonical JSON is the `args` of an approval record of
 kind `plan`, digested like one) and decided through the same `Approval` workflow. An approver's edit
 can only narrow it (drop a step, lower a bound or a count); anything else is refused with a message
-and decides nothing. `ApprovedPlan.admit` lets a call run only if it fits a step of the approved plan
-with calls left; every other call is a deviation, described in words. The counts live in the object
-and are rebuilt in the same order on every replay, since they follow journaled answers only.
+and decides nothing. `route_call` lets a call run inside the plan only if it fits a step of the
+approved plan with calls left AND nothing about the call itself needs a person anyway (a checkpoint
+stopped it, its tool needs more than one approver, or it is high stakes for these arguments): a plan
+never overrides a per-call check. Such a call is asked on its own (an ordinary approval, not
+counted); every call outside the plan is a deviation, described in words. The counts are serialized
+fields of the object (a loop that keeps its plan in state keeps them) and are rebuilt in the same
+order on every replay, since they follow journaled answers only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from handlers.approval.edits import EditRejected
 from handlers.contract import ApprovalRecord, Outcome, Plan, PlanStep
@@ -215,7 +220,8 @@ class ApprovedPlan(BaseModel):
     index: int = 0
     on_deviation: OnDeviation | None = None
     """None: each tool's `plan.on_deviation`, else `ask`."""
-    _used: list[int] = PrivateAttr(default_factory=list)
+    used: list[int] = Field(default_factory=list)
+    """Calls run inside the plan so far, per step of `plan` (serialized, so a reloaded plan keeps them)."""
 
     @property
     def approved(self) -> bool:
@@ -227,9 +233,9 @@ class ApprovedPlan(BaseModel):
 
     def _counts(self) -> list[int]:
         steps = self.plan.steps if self.plan else []
-        if len(self._used) != len(steps):
-            self._used = [0] * len(steps)
-        return self._used
+        if len(self.used) != len(steps):
+            self.used = [0] * len(steps)
+        return self.used
 
     def _fit(self, tool: str, args: Mapping[str, Any]) -> int | str:
         """The step this call would use, or why it deviates."""
@@ -282,6 +288,47 @@ class ApprovedPlan(BaseModel):
             )
         reason = f": {self.reason}" if self.reason else ""
         return f"Your plan was {self.verdict.value}{reason}. Every gated call is now outside the plan."
+
+
+@dataclass(frozen=True)
+class PlanRoute:
+    """Where a call goes given the run's plan: `none` (no plan), `inside` (runs without its own
+    approval, already counted), `own` (fits the plan but needs its own approval: `why` says why) or
+    `outside` (a deviation: `why` says how)."""
+
+    kind: Literal["none", "inside", "own", "outside"]
+    why: str | None = None
+
+
+def needs_own_approval(verdict: PolicyVerdict | None) -> str | None:
+    """Why a call that fits a plan still needs its own approval (None: the plan's approval covers it):
+    a checkpoint stopped it, its tool needs more than one approver, or it is high stakes for these
+    arguments. A plan is approved by one person and confirms nothing, so it stands in for none of these."""
+    if verdict is None or not verdict.gated:
+        return None
+    reasons = [stop.text for stop in verdict.stopped_because]
+    if verdict.policy.quorum > 1:
+        reasons.append(f"{verdict.policy.quorum} approvers")
+    if verdict.high_stakes:
+        reasons.append("high stakes")
+    return f"needs its own approval: {'; '.join(reasons)}" if reasons else None
+
+
+def route_call(
+    plan: ApprovedPlan | None, verdict: PolicyVerdict | None, tool: str, args: Mapping[str, Any]
+) -> PlanRoute:
+    """The one rule both the agent's turn and `gated_call` follow for a call under a plan (`verdict`:
+    the call's journaled policy answer). A call is counted against the plan only when it is `inside`."""
+    if plan is None:
+        return PlanRoute("none")
+    deviation = plan.check(tool, args)
+    if deviation is not None:
+        return PlanRoute("outside", deviation)
+    if (own := needs_own_approval(verdict)) is not None:
+        return PlanRoute("own", own)
+    admitted = plan.admit(tool, args)
+    assert admitted is None  # check said it fits, and nothing changed in between
+    return PlanRoute("inside")
 
 
 def approved_plan(record: ApprovalRecord, outcome: Outcome, args: dict[str, Any] | None, **extra: Any) -> ApprovedPlan:
