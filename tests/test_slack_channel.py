@@ -306,3 +306,28 @@ def test_a_high_stakes_approval_in_slack_needs_the_typed_confirmation(
     result = stack.ingress.wait_output(run_id, timeout=60).json()
     assert result["actions"][0]["outcome"] == "approved"
     assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 120000)]
+
+
+def test_a_batch_reaches_slack_one_message_per_item_and_each_is_decided_there(
+    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+) -> None:
+    stack = slack_stack(isolated_stack, tmp_path, fake)
+    first, second = new_order(stack.db_path, 100000), new_order(stack.db_path, 100000)
+    task = refund(first)
+    task["script"][0]["also"] = [
+        {"tool": "issue_refund", "args": {"order_id": second, "amount_usd": "700.00", "reason": "late"}}
+    ]
+    stack.ingress.start_run(run_id, task)
+    [batch_mail] = wait_for_email(stack.outbox_dir, run_id, kind="batch")
+    messages = fake.wait_message(2)
+    assert len(messages) == 2, "one Slack message per item of the batch, beside the one batch email"
+    shown = [texts(m.blocks) for m in messages]
+    assert any(f'"order_id": {first}' in s for s in shown) and any(f'"order_id": {second}' in s for s in shown)
+    assert refunds_for(stack.db_path, run_id) == [], "nothing runs before the whole turn is decided"
+    for n, message in enumerate(messages):
+        view = open_modal(stack, fake, message, FINANCE_ID, "countersign_approve")
+        assert interact(stack, submission(view, FINANCE_ID, reason="ok", view_id=f"V-{n}")).status_code == 200
+    result = stack.ingress.wait_output(run_id, timeout=60).json()
+    assert [a["outcome"] for a in result["actions"]] == ["approved", "approved"]
+    assert sorted(r[1] for r in refunds_for(stack.db_path, run_id)) == sorted([first, second])
+    assert batch_mail.link, "the batch email went out as well"

@@ -211,22 +211,7 @@ class Waiter:
             self.slack(f"Asked again, of {now_with}: this message no longer decides; see the newer one.")
         delivered = 0
         for slot in slots:
-            name = f"email {kind} #{record.index} round {record.round} slot {slot}"
-            if kind == "reminder":
-                name += f" n{record.reminders_sent}"
-            goal = self.book.state.goal
-            request = ChannelRequest(
-                record=record,
-                slot=slot,
-                goal=goal,
-                kind=kind,
-                at=self.clock,
-                reason=reason,
-                step=name,
-                key=idempotency_key(record, slot, kind),
-                confirm_label=confirm.label(record) if record.confirm_field else None,
-                confirm_value=confirm.expected(record),
-            )
+            request = self.request(kind, slot, reason)
             channels = channels_of(self.policy, record.approvers[slot])
             taken = False
             if "email" in channels:
@@ -242,6 +227,25 @@ class Waiter:
             delivered += taken
         return delivered
 
+    def request(self, kind: MailKind, slot: int, reason: str | None = None) -> ChannelRequest:
+        """What goes to one slot's approver, whichever channel carries it."""
+        record = self.record
+        name = f"email {kind} #{record.index} round {record.round} slot {slot}"
+        if kind == "reminder":
+            name += f" n{record.reminders_sent}"
+        return ChannelRequest(
+            record=record,
+            slot=slot,
+            goal=self.book.state.goal,
+            kind=kind,
+            at=self.clock,
+            reason=reason,
+            step=name,
+            key=idempotency_key(record, slot, kind),
+            confirm_label=confirm.label(record) if record.confirm_field else None,
+            confirm_value=confirm.expected(record),
+        )
+
 
 async def send_step(ctx: restate.Context, name: str, action: Any, *args: Any) -> SendReceipt | None:
     """One email step; None when the provider refused it for good (the step's retries are bounded)."""
@@ -255,13 +259,21 @@ async def send_step(ctx: restate.Context, name: str, action: Any, *args: Any) ->
 
 
 async def notify_batch(book: RunBook, waiters: list[Waiter]) -> dict[int, int]:
-    """One email per approver covering every item they are asked about; delivered sends per item.
-    The caller of a batch sends it (one model turn's gated calls), then each item's workflow waits."""
+    """One email per approver covering every item they are asked about, and for an approver the
+    policy reaches in Slack one Slack message per item (Slack has no batch message); per item, how
+    many slots at least one channel took. The caller of a batch sends it (one model turn's gated
+    calls), then each item's workflow waits."""
     by_person: dict[str, list[tuple[int, int]]] = {}
+    taken: dict[int, set[int]] = {i: set() for i in range(len(waiters))}
     for i, waiter in enumerate(waiters):
         for slot in waiter.open_slots():
-            by_person.setdefault(waiter.record.approvers[slot], []).append((i, slot))
-    delivered = {i: 0 for i in range(len(waiters))}
+            channels = channels_of(waiter.policy, waiter.record.approvers[slot])
+            if "email" in channels:
+                by_person.setdefault(waiter.record.approvers[slot], []).append((i, slot))
+            if "slack" in channels:  # Slack has no batch message: each item is posted on its own
+                slack = SlackChannel(waiter.policy.slack_channel, only="email" not in channels)
+                if await slack.deliver(book.ctx, waiter.request("request", slot)) is not None:
+                    taken[i].add(slot)
     first = waiters[0].record
     for person, items in by_person.items():
         records = [waiters[i].record for i, _ in items]
@@ -271,8 +283,8 @@ async def notify_batch(book: RunBook, waiters: list[Waiter]) -> dict[int, int]:
         if receipt is not None:
             for i, slot in items:
                 ledger.emailed(book, waiters[i].record, slot, "batch", receipt.message_id, waiters[i].clock)
-                delivered[i] += 1
-    return delivered
+                taken[i].add(slot)
+    return {i: len(slots) for i, slots in taken.items()}
 
 
 async def wait_all(
