@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import httpx
 import restate
@@ -62,35 +62,24 @@ class RunsClient:
     async def slack_decide(self, approval_id: str, body: bytes, idempotency_key: str) -> None:
         """Hand a verified Slack decision to `Approval.slack_decide` without waiting for it (Slack
         wants its answer within 3 s); returns once Restate has durably accepted the call."""
-        try:
+        with _failures():
             await self._client.generic_send(
                 SERVICE, "slack_decide", body, key=approval_id, idempotency_key=idempotency_key, headers=_JSON
             )
-        except restate.HttpError as exc:
-            if 400 <= exc.status_code < 500:
-                raise RunCallFailed(exc.status_code, _message(exc.body or "")) from None
-            raise RunCallFailed(503, "The approval service is busy. Please try again in a minute.") from None
-        except httpx.HTTPError:
-            raise RunCallFailed(503, "The approval service is unreachable. Please try again in a minute.") from None
 
     async def _call(
         self, handler: str, key: str, body: bytes | None, idempotency_key: str | None, service: str = SERVICE
     ) -> bytes:
         try:
-            return await self._client.generic_call(
-                service,
-                handler,
-                body or b"",
-                key=key,
-                idempotency_key=idempotency_key,
-                headers=_JSON if body is not None else None,
-            )
-        except restate.HttpError as exc:
-            if 400 <= exc.status_code < 500:
-                raise RunCallFailed(exc.status_code, _message(exc.body or "")) from None
-            raise RunCallFailed(503, "The approval service is busy. Please try again in a minute.") from None
-        except httpx.HTTPError:
-            raise RunCallFailed(503, "The approval service is unreachable. Please try again in a minute.") from None
+            with _failures():
+                return await self._client.generic_call(
+                    service,
+                    handler,
+                    body or b"",
+                    key=key,
+                    idempotency_key=idempotency_key,
+                    headers=_JSON if body is not None else None,
+                )
         except JournalValueUnreadable:
             raise RunCallFailed(503, "The approval service cannot read its records (journal keys).") from None
 
@@ -107,3 +96,16 @@ def _message(body: str) -> str:
 async def runs_client(ingress_url: str, codec: restate.JournalValueCodec | None = None) -> AsyncIterator[RunsClient]:
     async with restate.create_client(ingress_url, journal_value_codec=codec) as client:
         yield RunsClient(client)
+
+
+@contextmanager
+def _failures() -> Iterator[None]:
+    """What the pages say when a call to Restate fails: its own 4xx message, or "try again"."""
+    try:
+        yield
+    except restate.HttpError as exc:
+        if 400 <= exc.status_code < 500:
+            raise RunCallFailed(exc.status_code, _message(exc.body or "")) from None
+        raise RunCallFailed(503, "The approval service is busy. Please try again in a minute.") from None
+    except httpx.HTTPError:
+        raise RunCallFailed(503, "The approval service is unreachable. Please try again in a minute.") from None
