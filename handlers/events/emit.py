@@ -16,6 +16,7 @@ from restate import Context
 
 from handlers.contract import ActionRecord, ApprovalRecord, RunResult
 from handlers.events.delivery import WebhookEvent, event_id, publish
+from handlers.security import links
 from handlers.settings import WebhookEventType
 
 
@@ -82,7 +83,7 @@ def autonomous_executed(ctx: Context, tenant: str, run_id: str, subject: str, ac
 def in_plan_executed(ctx: Context, tenant: str, run_id: str, action: ActionRecord, at: float) -> None:
     """A call inside an approved plan ran without an approval of its own (`plan_approval_id` names
     the plan's); keyed like an autonomous call, `<run_id>-a<index>`."""
-    _executed(ctx, (tenant, run_id, f"{run_id}-a{action.index}"), action, at, approval_id=None)
+    _executed(ctx, (tenant, run_id, links.approval_id(run_id, action.index)), action, at, approval_id=None)
 
 
 def _executed(

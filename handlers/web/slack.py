@@ -34,7 +34,7 @@ from handlers.channels.slack_interactions import (
 )
 from handlers.settings import Settings
 from handlers.web.runs_client import RunCallFailed, RunsClient
-from handlers.web.webhooks import _bounded_body
+from handlers.web.webhooks import bounded_body
 
 log = logging.getLogger("countersign.slack")
 # views.open must be called within Slack's 3 s of the click (its trigger_id expires).
@@ -60,7 +60,7 @@ class SlackInteractions:
     async def receive(self, request: Request) -> Response:
         if self.settings.slack_signing_secret is None:
             return _answer(503, error="Slack is not configured (SLACK_SIGNING_SECRET is not set)")
-        raw = await _bounded_body(request)
+        raw = await bounded_body(request)
         if raw is None or len(raw) > MAX_BODY:
             return _answer(413, error=f"the body is larger than {MAX_BODY} bytes")
         timestamp = request.headers.get("x-slack-request-timestamp", "")

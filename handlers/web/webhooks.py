@@ -57,7 +57,7 @@ class ResendWebhooks:
         secret = self.settings.resend_webhook_secret
         if not secret:
             return _answer(503, error="webhooks are not configured (RESEND_WEBHOOK_SECRET is not set)")
-        body = await _bounded_body(request)
+        body = await bounded_body(request)
         if body is None:
             return _answer(413, error=f"the body is larger than {MAX_BODY} bytes")
         svix = {name: request.headers.get(f"svix-{name}", "") for name in ("id", "timestamp", "signature")}
@@ -91,7 +91,7 @@ class ResendWebhooks:
         return _answer(200, status="accepted")
 
 
-async def _bounded_body(request: Request) -> bytes | None:
+async def bounded_body(request: Request) -> bytes | None:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY:
         return None
