@@ -319,6 +319,9 @@ class ApprovalRecord(BaseModel):
         default_factory=list, description="why a call the policy would let run alone was stopped (checkpoints)"
     )
     confidence: float | None = Field(default=None, description="the confidence the model reported in the call")
+    webhooks: bool = Field(
+        default=True, description="whether its events go to the tenant's webhooks (journaled with the policy's answer)"
+    )
 
     @property
     def nonce(self) -> str:

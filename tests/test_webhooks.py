@@ -282,3 +282,35 @@ def test_a_users_own_gated_call_emits_the_approval_events_and_one_stuck_approval
         assert executed.data["autonomous"] is True and executed.data["approval_id"] is None
         assert executed.data["tool"] == "lookup_order" and executed.data["ok"] is True
         assert receiver.rejected == []
+
+
+def test_a_tenant_without_endpoints_sends_no_events(
+    app_server: Any, ingress: Any, restate_server: Any, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    """The session's app has no COUNTERSIGN_WEBHOOKS: a gated run journals no event send while it waits
+    (the policy's journaled answer said there was no endpoint), and none of its events is published."""
+    order = new_order(demo_db, 100000)
+    step = {"tool": "issue_refund", "args": {"order_id": order, "amount_usd": "700.00", "reason": "hooks"}}
+    ingress.start_run(run_id, {"goal": "no webhooks", "requester": "alice@example.com", "script": [step]})
+    [mail] = wait_for_email(outbox_dir, run_id)
+
+    def journals() -> list[dict[str, Any]] | None:
+        rows: list[dict[str, Any]] = restate_server.sql(
+            "select i.target_service_name as service, j.entry_json from sys_journal j"
+            " join sys_invocation i on i.id = j.id"
+            f" where i.target_service_key in ('{run_id}', '{run_id}-a0')"
+            " and i.target_service_name in ('AgentRun', 'Approval')"
+        )
+        # Both journals are there once the approval's workflow waits (the request was sent before it).
+        return rows if {r["service"] for r in rows} == {"AgentRun", "Approval"} else None
+
+    rows = wait_until(journals, 30, "the run's and the approval's journals")
+    assert not [r for r in rows if "WebhookEvents" in r["entry_json"]]
+    assert submit(mail.link, "approve").status_code == 200
+    assert ingress.wait_output(run_id).json()["status"] == "completed"
+    assert refunds_for(demo_db, run_id) != []
+    published = restate_server.sql(
+        "select count(*) as n from sys_invocation where target_service_name = 'WebhookEvents'"
+        f" and target_service_key like '%{run_id}%'"
+    )
+    assert published == [{"n": 0}]

@@ -150,6 +150,8 @@ class Turn(BaseModel):
     policies: list[PolicyAnswer | None]
     plan: PlanReply | None = None
     retired: Retired | None = None
+    webhooks: bool = True
+    """Whether the tenant had webhook endpoints then (decides whether the run's end is sent)."""
 
 
 def _wants_plan(task: AgentTask) -> bool:
@@ -159,6 +161,20 @@ def _wants_plan(task: AgentTask) -> bool:
 
 @scrubbed
 def _model_turn(
+    model_id: str | None,
+    task: AgentTask,
+    transcript: Transcript,
+    results: dict[str, Any] | None = None,
+    last_gated: str | None = None,
+    planning: bool = False,
+) -> Turn:
+    """One model turn (the body of a journaled step), with whether the tenant has webhooks now."""
+    turn = _take_turn(model_id, task, transcript, results, last_gated, planning)
+    turn.webhooks = events.wanted(task.tenant)
+    return turn
+
+
+def _take_turn(
     model_id: str | None,
     task: AgentTask,
     transcript: Transcript,
@@ -282,6 +298,7 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
                 results=results_of(book.state.actions),
                 last_gated=_last_gated(book),
             )
+            book.state.webhooks = taken.webhooks
         except TerminalError as exc:
             if is_cancellation(exc):
                 raise
@@ -471,7 +488,8 @@ def _finish(book: RunBook, status: str, answer: str) -> RunResult:
         model=book.state.model,
         actions=book.state.actions,
     )
-    events.run_finished(book.ctx, book.state.tenant, result)
+    if book.state.webhooks:
+        events.run_finished(book.ctx, book.state.tenant, result)
     return result
 
 

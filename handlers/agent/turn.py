@@ -20,6 +20,7 @@ from handlers.approval.plan_calls import refused_deviation, run_in_plan
 from handlers.approval.rounds import Opening, open_round
 from handlers.approval.run_state import RunBook
 from handlers.contract import ActionRecord, Outcome
+from handlers.events import emit as events
 from handlers.llm.base import ToolCall
 from handlers.tools import default_registry
 from handlers.tools.policy import PolicyError, PolicyVerdict, evaluate
@@ -68,6 +69,7 @@ def _answer(call: ToolCall, requester: str, tenant: str, results: Mapping[str, A
         )
     except PolicyError as exc:
         return PolicyAnswer(problem=str(exc))
+    verdict.webhooks = events.wanted(tenant)
     return PolicyAnswer(verdict=verdict, opening=open_round() if verdict.gated else None)
 
 
@@ -120,6 +122,7 @@ async def handle_turn(
                 index=index,
                 tenant=state.tenant,
                 requester=state.requester,
+                webhooks=answer.verdict.webhooks,
             )
             continue
         # `own`: inside the plan's bounds, but the call needs a person of its own; it is asked as an
@@ -146,7 +149,15 @@ async def handle_turn(
             )
             continue
         done[index] = await run_alone(
-            book.ctx, call.name, args, state.run_id, index, state.tenant, state.requester, answer.verdict.version
+            book.ctx,
+            call.name,
+            args,
+            state.run_id,
+            index,
+            state.tenant,
+            state.requester,
+            answer.verdict.version,
+            answer.verdict.webhooks,
         )
     failure = None
     if gated:

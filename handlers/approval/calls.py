@@ -107,6 +107,7 @@ def _ask(
         )
     except PolicyError as exc:  # e.g. approvers from a callable that named nobody valid: nothing runs
         return _Asked(args=args, error=f"not run: {exc}", failed=True)
+    verdict.webhooks = events.wanted(tenant)
     opening = open_round() if verdict.gated else None
     return _Asked(args=args, summary=tool.summary(validated), verdict=verdict, opening=opening, confidence=confidence)
 
@@ -304,11 +305,19 @@ async def gated_call(
     if route.kind == "inside":
         assert plan is not None
         return await run_in_plan(
-            ctx, name, asked.args, plan, run_id=where, index=at, tenant=tenant, requester=requester
+            ctx,
+            name,
+            asked.args,
+            plan,
+            run_id=where,
+            index=at,
+            tenant=tenant,
+            requester=requester,
+            webhooks=asked.verdict.webhooks if asked.verdict else True,
         )
     if asked.opening is None:
-        version = asked.verdict.version if asked.verdict else ""
-        return await run_alone(ctx, name, asked.args, where, at, tenant, requester, version)
+        version, webhooks = (asked.verdict.version, asked.verdict.webhooks) if asked.verdict else ("", True)
+        return await run_alone(ctx, name, asked.args, where, at, tenant, requester, version, webhooks)
     assert asked.verdict is not None
     # `own` (inside the plan's bounds, but the call needs a person of its own) is an ordinary approval.
     deviation = route.why if route.kind == "outside" else None
@@ -353,10 +362,11 @@ async def run_alone(
     tenant: str,
     requester: str,
     policy_version: str = "",
+    webhooks: bool = True,
 ) -> ActionRecord:
     """A call the policy lets run without a person, as one step of the caller's journal; its audit
     trail (keyed like an approval, `<run_id>-a<index>`) gets one `autonomous` entry naming the policy
-    version that let it run alone."""
+    version that let it run alone (and, if `webhooks`, an `action.executed` event)."""
     run = await run_tool(ctx, tool, args, index, run_id=run_id, tenant=tenant, requester=requester)
     action = ActionRecord(
         index=index,
@@ -385,7 +395,8 @@ async def run_alone(
             },
         )
         ctx.object_send(audit_append, key=approval_id, arg=entry)
-        events.autonomous_executed(ctx, tenant, run_id, approval_id, action, run.at)
+        if webhooks:
+            events.autonomous_executed(ctx, tenant, run_id, approval_id, action, run.at)
     return action
 
 

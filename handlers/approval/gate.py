@@ -130,6 +130,7 @@ def freeze(
         policy_version=verdict.version,
         stopped_because=list(verdict.stopped_because),
         confidence=confidence,
+        webhooks=verdict.webhooks,
     )
 
 

@@ -146,6 +146,7 @@ async def run_in_plan(
     index: int,
     tenant: str,
     requester: str,
+    webhooks: bool = True,
 ) -> ActionRecord:
     """A call inside an approved plan: runs at once, as one step of the caller's journal, under
     `<run_id>/<index>`; its record names the plan's approval, whose audit trail gets an `executed`
@@ -191,7 +192,7 @@ async def run_in_plan(
             },
         )
         ctx.object_send(audit_append, key=plan.approval_id, arg=entry)
-    if run.at is not None:
+    if run.at is not None and webhooks:
         events.in_plan_executed(ctx, tenant, run_id, action, run.at)
     return action
 

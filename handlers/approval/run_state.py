@@ -43,6 +43,8 @@ class RunFacts(BaseModel):
     answer: str | None = None
     model_switches: list[ModelSwitch] = Field(default_factory=list)
     """Each time the pinned model was gone (provider 404) and what the run did."""
+    webhooks: bool = True
+    """Whether the run's end goes to the tenant's webhooks (from its last journaled model turn)."""
 
 
 _FACTS = set(RunFacts.model_fields)

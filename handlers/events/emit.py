@@ -4,8 +4,10 @@ Guarantee: each emit is one journaled one-way send (nothing the run awaits), und
 key made from the event's `webhook-id`, which is derived from what the event is about (the approval
 and its round, the run): a replayed run journals the same send, and the same event sent again by
 another handler (a deferred approval is decided in its workflow and acted on by its caller) is
-deduplicated by Restate. Always sent, whether or not an endpoint is configured, so that changing
-COUNTERSIGN_WEBHOOKS never changes what a replay must journal.
+deduplicated by Restate. Sent only when the journaled answer the event belongs to (the policy's
+answer for a call, a model turn for a run) says the tenant had endpoints then (`wanted`), so that a
+tenant without webhooks pays nothing for them and changing COUNTERSIGN_WEBHOOKS never changes what a
+replay must journal.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from restate import Context
 from handlers.contract import ActionRecord, ApprovalRecord, RunResult
 from handlers.events.delivery import WebhookEvent, event_id, publish
 from handlers.security import links
-from handlers.settings import WebhookEventType
+from handlers.settings import WebhookEventType, get_settings
+
+
+def wanted(tenant: str) -> bool:
+    """Whether `tenant` has any webhook endpoint: read inside a journaled step (the policy's answer,
+    the model turn), whose journaled result then decides whether the events are sent."""
+    return bool(get_settings().webhook_endpoints(tenant))
 
 
 def _send(
@@ -32,6 +40,8 @@ def _send(
 
 def approval_requested(ctx: Context, record: ApprovalRecord) -> None:
     """A round of `record` went out to its approvers (the first one, a re-approval, an escalation...)."""
+    if not record.webhooks:
+        return
     data = {
         "approval_id": record.approval_id,
         "run_id": record.run_id,
@@ -52,6 +62,8 @@ def approval_requested(ctx: Context, record: ApprovalRecord) -> None:
 
 def approval_decided(ctx: Context, record: ApprovalRecord) -> None:
     """`record` was decided (its state, who and when already set on it)."""
+    if not record.webhooks:
+        return
     at = record.decided_at or record.round_started_at
     data = {
         "approval_id": record.approval_id,
@@ -71,6 +83,8 @@ def approval_decided(ctx: Context, record: ApprovalRecord) -> None:
 
 def action_executed(ctx: Context, record: ApprovalRecord, action: ActionRecord, at: float) -> None:
     """The approved effect of `record` ran (successfully or not: `ok` says)."""
+    if not record.webhooks:
+        return
     _executed(ctx, (record.tenant, record.run_id, record.approval_id), action, at, approval_id=record.approval_id)
 
 

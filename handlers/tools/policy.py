@@ -259,6 +259,9 @@ class PolicyVerdict(BaseModel):
     stopped_because: list[StopReason] = Field(default_factory=list)
     """Why a call the policy would let run alone was stopped (confidence, failed checks); may be set on
     a gated call too, where it tells the approver what else was wrong."""
+    webhooks: bool = True
+    """Whether the tenant had webhook endpoints when this answer was journaled: the call's events are
+    sent only then, so a replay never depends on the configuration (older journals: sent)."""
 
 
 def evaluate(
