@@ -168,35 +168,24 @@ def _model_turn(
     last_gated: str | None = None,
     planning: bool = False,
 ) -> Turn:
-    """One model turn (the body of a journaled step), with whether the tenant has webhooks now."""
-    turn = _take_turn(model_id, task, transcript, results, last_gated, planning)
-    turn.webhooks = events.wanted(task.tenant)
-    return turn
-
-
-def _take_turn(
-    model_id: str | None,
-    task: AgentTask,
-    transcript: Transcript,
-    results: dict[str, Any] | None = None,
-    last_gated: str | None = None,
-    planning: bool = False,
-) -> Turn:
     """One model turn (the body of a journaled step): final refusals end the step, the rest retry.
     A retired model is an answer, not a failure: the choice of what follows is journaled with it.
     With `planning`, a run that wants a plan (decided here, so a replay takes the same branch) asks
-    the model for one instead."""
+    the model for one instead. The turn also journals whether the tenant has webhooks now."""
     model_id = model_id or _pick_model(task.model)
+    webhooks = events.wanted(task.tenant)
     try:
         specs = _tool_specs()
         if planning and _wants_plan(task):
             model = load_model(model_id, task.script, task.plan.script if task.plan else None)
-            return Turn(model=model_id, reply=AssistantTurn(), policies=[], plan=ask_for_plan(model, transcript, specs))
+            plan = ask_for_plan(model, transcript, specs)
+            return Turn(model=model_id, reply=AssistantTurn(), policies=[], plan=plan, webhooks=webhooks)
         reply = bounded(confidence.take(load_model(model_id, task.script).next_turn(transcript, specs), specs))
         return Turn(
             model=model_id,
             reply=reply,
             policies=ask_policy(reply.tool_calls, requester=task.requester, tenant=task.tenant, results=results),
+            webhooks=webhooks,
         )
     except ModelRetired as exc:
         choice = retired_choice(task.on_model_retired, last_gated)
@@ -211,6 +200,7 @@ def _take_turn(
             reply=AssistantTurn(),
             policies=[],
             retired=Retired(detail=exc.message, choice=choice, successor_problem=problem),
+            webhooks=webhooks,
         )
     except (ProviderRefused, ModelUnavailable) as exc:
         raise TerminalError(str(exc), 400) from None
