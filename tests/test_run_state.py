@@ -105,3 +105,36 @@ def test_assemble_reads_the_per_item_layout() -> None:
 def test_assemble_reads_a_run_stored_whole_by_an_earlier_release() -> None:
     state = _state()
     assert assemble({HEADER_KEY: state.model_dump_json().encode()}) == state
+
+
+def test_a_waiting_run_keeps_its_approval_once_in_the_approvals_workflow(
+    app_server: AppServer,
+    ingress: Ingress,
+    restate_server: RestateServer,
+    demo_db: Path,
+    run_id: str,
+) -> None:
+    """While the run waits, the frozen record is stored by the approval's workflow only (the run's
+    header lists it); the run's status reads it live, cancel reaches it, and once it returns the
+    run stores the decided record for its history."""
+    order = new_order(demo_db, 5000)
+    ingress.start_run(run_id, lookups_then_a_gated_refund(order, 1))
+    status = waiting(ingress, run_id)
+    approval = f"{run_id}-a1"
+    assert [p["approval_id"] for p in status["pending"]] == [approval]
+    assert [(a["approval_id"], a["state"]) for a in status["approvals"]] == [(approval, "pending")]
+
+    def stored(service: str, key: str) -> set[str]:
+        rows = restate_server.sql(f"select key from state where service_name = '{service}' and service_key = '{key}'")
+        return {row["key"] for row in rows}
+
+    assert approval_key(approval) not in stored("AgentRun", run_id)
+    assert approval_key(approval) in stored("Approval", approval)
+
+    receipt = ingress.call("AgentRun", run_id, "cancel", {"reason": "no longer needed"}).json()
+    assert receipt["accepted"] and receipt["cancelled_approvals"] == [approval]
+    done = ingress.attach(run_id).json()
+    assert done["status"] == "cancelled"
+    wait_until(lambda: approval_key(approval) in stored("AgentRun", run_id), 20, "the decided record in the run")
+    [kept] = [a for a in ingress.status(run_id)["approvals"] if a["approval_id"] == approval]
+    assert kept["state"] == "cancelled"

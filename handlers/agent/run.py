@@ -23,7 +23,7 @@ from handlers.agent.turn import PolicyAnswer, RunMustFail, ask_policy, handle_tu
 from handlers.approval import ledger
 from handlers.approval.plan import PLAN_TOOL, ApprovedPlan
 from handlers.approval.plan_calls import ask_plan_approval
-from handlers.approval.run_state import RunBook, RunState, load_run
+from handlers.approval.run_state import RunBook, RunState, load_header, load_run, pending_ids
 from handlers.approval.verdict import CANCEL_PROMISE
 from handlers.approval.workflow import cancel as approval_cancel
 from handlers.approval.workflow import complete, pending_of, run_status
@@ -34,6 +34,7 @@ from handlers.approval.workflow import status as approval_status
 from handlers.contract import (
     ActionRecord,
     AgentTask,
+    ApprovalRecord,
     CancelReceipt,
     CancelRequest,
     Decision,
@@ -253,6 +254,7 @@ async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
         RunState(
             run_id=ctx.key(), tenant=task.tenant, goal=task.goal, requester=task.requester, model=task.model or ""
         ),
+        pending_elsewhere=True,
     )
     book.save()
     try:
@@ -486,17 +488,30 @@ def _finish(book: RunBook, status: str, answer: str) -> RunResult:
 @agent_run.handler(name="status", journal_retention=retention.NO_JOURNAL)
 async def status(ctx: WorkflowSharedContext) -> RunStatus:
     """Where the run is: phase, pending approvals with their age, and what happened so far. A
-    pending approval is read live from its own workflow (round, approvers, votes move there)."""
+    pending approval is read live from its own workflow (the run does not store it until it returns)."""
     found = await run_status(ctx, ctx.key())
-    live = []
-    for record in found.approvals:
-        if record.state == "pending":
-            current = await ctx.workflow_call(approval_status, key=record.approval_id, arg=None)
-            record = next((a for a in current.approvals if a.approval_id == record.approval_id), record)
-        live.append(record)
+    stored = {a.approval_id: a for a in found.approvals}
+    live = {i: r for i in pending_ids(await load_header(ctx), stored) if (r := await _live(ctx, i)) is not None}
+    approvals = sorted({**stored, **live}.values(), key=lambda a: a.index)
     now = time.time()
-    pending = [pending_of(a, now) for a in live if a.state == "pending"]
-    return found.model_copy(update={"approvals": live, "pending": pending})
+    pending = [pending_of(a, now) for a in approvals if a.state == "pending"]
+    return found.model_copy(update={"approvals": approvals, "pending": pending})
+
+
+# How long `status` waits for an approval whose email went out from the run a moment ago while its
+# workflow has not saved the record yet (milliseconds, normally), polling at this interval.
+_SETUP_WAIT = timedelta(seconds=3)
+_SETUP_POLL = timedelta(milliseconds=50)
+
+
+async def _live(ctx: WorkflowSharedContext, approval_id: str) -> ApprovalRecord | None:
+    """The approval's record from its own workflow; None if that has saved none within `_SETUP_WAIT`."""
+    for _ in range(int(_SETUP_WAIT / _SETUP_POLL)):
+        current = await ctx.workflow_call(approval_status, key=approval_id, arg=None)
+        if (record := next((a for a in current.approvals if a.approval_id == approval_id), None)) is not None:
+            return record
+        await ctx.sleep(_SETUP_POLL)
+    return None
 
 
 def _own(ctx: WorkflowSharedContext, approval_id: str) -> str:
@@ -527,10 +542,9 @@ async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelRe
     if state is None or state.phase in ("completed", "failed", "cancelled", "model_retired"):
         return CancelReceipt(run_id=ctx.key(), accepted=False, cancelled_approvals=[])
     cancelled = []
-    for record in state.approvals.values():
-        if record.state != "pending":
-            continue
-        receipt = await ctx.workflow_call(approval_cancel, key=record.approval_id, arg=request)
+    for approval_id in pending_ids(await load_header(ctx), state.approvals):
+        # An approval whose workflow has not saved its record yet is cancelled ahead (see `Approval.cancel`).
+        receipt = await ctx.workflow_call(approval_cancel, key=approval_id, arg=request)
         cancelled += receipt.cancelled_approvals
     # Last, so that a run between turns stops at its next one; a waiting run hears from its approvals.
     accepted = await complete(ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest), request)

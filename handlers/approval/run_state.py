@@ -3,7 +3,8 @@
 Guarantee: only `AgentRun.run` writes it (shared handlers can only read). Each approval and each
 action is stored under its own key (default values left out) and written only when it changed, so a
 step costs the journal what it changed, not the size of the run. Items are written before the header
-that lists them, so a reader that finds an id in the header finds its record. A run stored whole
+that lists them, so a reader that finds an id in the header finds its record (for an approval the
+agent's run still waits on: in that approval's own workflow). A run stored whole
 under `run` by an earlier release still reads.
 """
 
@@ -72,11 +73,17 @@ def _header_of(state: RunState) -> RunHeader:
 class RunBook:
     """The run's state plus the context that persists it; `save` after every transition.
     Actions are append-only; approvals may change in place and are compared with what was saved.
-    `unsent_audit` holds audit entries until `handlers.approval.ledger.flush` sends them."""
+    `unsent_audit` holds audit entries until `handlers.approval.ledger.flush` sends them.
 
-    def __init__(self, ctx: WorkflowContext, state: RunState) -> None:
+    With `pending_elsewhere` (the agent's run), an approval still pending is listed in the header
+    but its record is not stored: it lives in the approval's own workflow, which readers ask
+    (`pending_ids`), and is stored here once it returns decided. A waiting run then keeps one
+    copy of each record, not two."""
+
+    def __init__(self, ctx: WorkflowContext, state: RunState, *, pending_elsewhere: bool = False) -> None:
         self.ctx = ctx
         self.state = state
+        self.pending_elsewhere = pending_elsewhere
         self.unsent_audit: list[AuditEntry] = []
         self._saved_header = b""
         self._saved_approvals: dict[str, bytes] = {}
@@ -84,6 +91,8 @@ class RunBook:
 
     def save(self) -> None:
         for approval_id, record in self.state.approvals.items():
+            if self.pending_elsewhere and record.state == "pending":
+                continue
             raw = record.model_dump_json(exclude_defaults=True).encode()
             if self._saved_approvals.get(approval_id) != raw:
                 self.ctx.set(approval_key(approval_id), raw, serde=_RAW)
@@ -125,6 +134,15 @@ async def load_run(ctx: WorkflowSharedContext, *, with_actions: bool = True) -> 
             if (action := await ctx.get(action_key(position), type_hint=ActionRecord)) is not None:
                 actions.append(action)
     return _assembled(header, approvals, actions)
+
+
+def pending_ids(header: RunHeader | None, stored: dict[str, ApprovalRecord]) -> list[str]:
+    """The approvals of a run that may still be pending: listed in its header, and stored pending
+    or not stored at all (see `RunBook.pending_elsewhere`); their live record is their workflow's."""
+    if header is None:
+        return []
+    listed = header.approval_ids if header.approvals is None else list(header.approvals)
+    return [i for i in listed if i not in stored or stored[i].state == "pending"]
 
 
 def assemble(values: dict[str, bytes]) -> RunState | None:
