@@ -31,6 +31,7 @@ from handlers.approval.workflow import decide as approval_decide
 from handlers.approval.workflow import delivery_failed as approval_delivery_failed
 from handlers.approval.workflow import reassign as approval_reassign
 from handlers.approval.workflow import status as approval_status
+from handlers.compact import Compact
 from handlers.contract import (
     ActionRecord,
     AgentTask,
@@ -123,8 +124,10 @@ def _tool_specs() -> list[ToolSpec]:
 
 
 def _model_retries() -> RunOptions[Any]:
-    """Retries of one model turn: exponential from 1 s (or the provider's retry-after), bounded."""
+    """How one model turn is journaled (compactly: see handlers.compact) and retried: exponential
+    from 1 s (or the provider's retry-after), bounded."""
     return RunOptions[Any](
+        serde=Compact(Turn),
         max_attempts=get_settings().model_max_attempts,
         initial_retry_interval=timedelta(seconds=1),
         max_retry_interval=timedelta(seconds=30),

@@ -29,6 +29,7 @@ from handlers.approval.trail import trail_of
 from handlers.approval.waiting import Waiter, notify_batch
 from handlers.approval.workflow import ApprovalRequest
 from handlers.approval.workflow import run as approval_run
+from handlers.compact import Compact
 from handlers.contract import EMAIL_PATTERN, NAME_PATTERN, ActionRecord, DecisionSource, Outcome, Plan, TrailStep
 from handlers.events import emit as events
 from handlers.objects.audit import AuditEntry
@@ -40,8 +41,6 @@ from handlers.tools.context import read_context
 from handlers.tools.execute import idempotency_key, run_tool
 from handlers.tools.policy import PolicyError, PolicyVerdict, evaluate
 from handlers.tools.registry import Tool, validation_message
-
-_POLICY_STEP = RunOptions[Any](max_attempts=3, initial_retry_interval=timedelta(milliseconds=100))
 
 
 class ApprovalOutcome(BaseModel):
@@ -77,6 +76,11 @@ class _Asked(BaseModel):
     failed: bool = False
     """The call was valid but its policy could not be resolved (`failed`, not `invalid`)."""
     confidence: float | None = None
+
+
+_POLICY_STEP = RunOptions[Any](
+    serde=Compact(_Asked), max_attempts=3, initial_retry_interval=timedelta(milliseconds=100)
+)
 
 
 def _ask(

@@ -28,6 +28,7 @@ from handlers.approval.run_state import RunBook, RunState, load_approval, load_h
 from handlers.approval.verdict import CANCEL_PROMISE, Verdict, slot_promise
 from handlers.channels import slack, slack_interactions
 from handlers.channels.slack_interactions import SlackInteraction, SlackSubmission
+from handlers.compact import Compact
 from handlers.contract import (
     ApprovalRecord,
     CancelReceipt,
@@ -76,7 +77,12 @@ class ApprovalRequest(BaseModel):
 # Private: a caller's own journaled step freezes what this runs; through the ingress anyone could
 # start an approval of any arguments, for any approvers.
 @approval.main(
-    name="run", workflow_retention=retention.RUN, journal_retention=retention.RUN_JOURNAL, ingress_private=True
+    name="run",
+    input_serde=Compact(ApprovalRequest),
+    output_serde=Compact(GateResult),
+    workflow_retention=retention.RUN,
+    journal_retention=retention.RUN_JOURNAL,
+    ingress_private=True,
 )
 async def run(ctx: WorkflowContext, request: ApprovalRequest) -> GateResult:
     """Ask, wait for the decision (reminders, escalation, quorum, deadline), then act on it."""
