@@ -415,15 +415,16 @@ async def viewed(ctx: WorkflowSharedContext, view: PageView) -> RunStatus:
     """An approval page was opened (GET): what `status` answers, and, when the link is authentic for
     this approval (re-verified here: the audit trail cannot be written from the ingress), a
     `page_viewed` audit entry, at most one per approver slot, round and minute. Before the workflow
-    has saved its record, or for a link that is not authentic, it records nothing and answers the
-    status alone: the page checks the link itself and says what is wrong with it. One invocation per
-    page view, where a status read and a separate view note were two."""
-    answer = await run_status(ctx, ctx.key())
-    record = next((r for r in answer.approvals if r.approval_id == ctx.key()), None)
+    has saved its record, or for a well-formed link that is not authentic for it, it records nothing
+    and answers the status alone: the page checks the link itself and says what is wrong with it; a
+    malformed token is a 400. One invocation per page view, where a status read and a separate view
+    note were two."""
     try:
         claims = links.parse(view.token)
-    except LinkInvalid:
-        return answer
+    except LinkInvalid as exc:  # not a link at all (the page never sends one): bad input, a 400
+        raise TerminalError(exc.reason, exc.status) from None
+    answer = await run_status(ctx, ctx.key())
+    record = next((r for r in answer.approvals if r.approval_id == ctx.key()), None)
     if record is None or links.approval_id(claims.run_id, claims.index) != ctx.key():
         return answer
     # Journaled, as for `decide`: a key rotation between attempts cannot change what was recorded.
