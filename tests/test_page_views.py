@@ -19,6 +19,7 @@ import httpx
 from support.approver import ApprovalEmail, wait_for_email
 from support.business import new_order
 from support.processes import AppServer, Ingress, RestateServer, wait_until
+from test_approval_semantics import refund_step, task
 from test_operations import refund_task
 from test_security_ingress import audit_entries
 
@@ -97,6 +98,34 @@ def test_a_get_is_one_approval_call_and_repeated_views_fold_into_one_entry_a_min
     minutes = [int(m.group(1)) for e in seen if (m := _MINUTE.search(e["entry_id"]))]
     assert len(minutes) == len(set(minutes)) == len(seen), "one entry per minute, however many views"
     assert set(minutes) <= set(range(first_minute, last_minute + 1)), minutes
+
+
+def test_a_batch_page_reads_its_own_item_with_the_view_and_the_others_with_status(
+    app_server: AppServer, ingress: Ingress, restate_server: RestateServer, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    first, second = new_order(demo_db, 125000), new_order(demo_db, 125000)
+    ingress.start_run(run_id, task(refund_step(first, "700.00", also=[refund_step(second, "800.00")])))
+    [mail] = wait_for_email(outbox_dir, run_id, kind="batch")
+    items = [f"{run_id}-a0", f"{run_id}-a1"]
+    for item in items:
+        saved_record(ingress, item)
+    claims = links.parse(mail.link.rsplit("/", 1)[1])
+    own = links.approval_id(claims.run_id, claims.index)
+    [other] = [i for i in items if i != own]
+
+    before = approval_requests(restate_server)
+    page = httpx.get(mail.link, headers={"User-Agent": "reader/batch"}, timeout=30, trust_env=False)
+    assert page.status_code == 200 and page.text.count('type="radio"') == 6
+    assert approval_requests(restate_server) == before + 2, "its own item's view, the other item's status"
+    [seen] = wait_until(lambda: views(ingress, own) or None, 20, "the view of the batch's own item")
+    assert seen["details"]["user_agent"] == "reader/batch"
+    ingress.call("AgentRun", run_id, "cancel", {"reason": "test cleanup"})
+    done = wait_until(
+        lambda: (t := audit_entries(ingress, other)) and any(e["kind"] == "outcome" for e in t) and t,
+        20,
+        "the other item's outcome in its trail",
+    )
+    assert not [e for e in done if e["kind"] == "page_viewed"], "only the item the link names records the view"
 
 
 def test_a_link_that_is_not_authentic_records_no_view_and_the_page_says_not_valid(
