@@ -178,13 +178,6 @@ def _check_link(token: str, record: ApprovalRecord) -> LinkCheck:
     return LinkCheck(state=state, slot=claims.slot, now=now)
 
 
-async def _authentic(ctx: WorkflowSharedContext, token: str) -> tuple[links.LinkClaims, ApprovalRecord, LinkCheck]:
-    """The claims, the record and the journaled check of a link to this approval; a 4xx (deciding
-    nothing) unless the token is authentic for it (it may still be replaced or expired)."""
-    claims, record = await _linked(ctx, token)
-    return claims, record, await _verified(ctx, token, record)
-
-
 async def _linked(ctx: WorkflowSharedContext, token: str) -> tuple[links.LinkClaims, ApprovalRecord]:
     """What a link claims and the record of this approval it names; a 4xx unless it names this one."""
     try:
@@ -424,10 +417,26 @@ def _reassign_refusal(tool: str, to: str) -> str:
 
 
 @approval.handler(name="viewed", journal_retention=retention.NO_JOURNAL)
-async def viewed(ctx: WorkflowSharedContext, view: PageView) -> None:
-    """An approval page was opened: a `page_viewed` audit entry, at most one per approver slot, round
-    and minute. Re-verifies the link itself (the audit trail cannot be written from the ingress)."""
-    claims, record, check = await _authentic(ctx, view.token)
+async def viewed(ctx: WorkflowSharedContext, view: PageView) -> RunStatus:
+    """An approval page was opened (GET): what `status` answers, and, when the link is authentic for
+    this approval (re-verified here: the audit trail cannot be written from the ingress), a
+    `page_viewed` audit entry, at most one per approver slot, round and minute. Before the workflow
+    has saved its record, or for a well-formed link that is not authentic for it, it records nothing
+    and answers the status alone: the page checks the link itself and says what is wrong with it; a
+    malformed token is a 400. One invocation per page view, where a status read and a separate view
+    note were two."""
+    try:
+        claims = links.parse(view.token)
+    except LinkInvalid as exc:  # not a link at all (the page never sends one): bad input, a 400
+        raise TerminalError(exc.reason, exc.status) from None
+    answer = await run_status(ctx, ctx.key())
+    record = next((r for r in answer.approvals if r.approval_id == ctx.key()), None)
+    if record is None or links.approval_id(claims.run_id, claims.index) != ctx.key():
+        return answer
+    # Journaled, as for `decide`: a key rotation between attempts cannot change what was recorded.
+    check = await ctx.run_typed("verify link", _check_link, token=view.token, record=record)
+    if check.state == "invalid":
+        return answer
     entry = AuditEntry(
         entry_id=f"page_viewed/r{record.round}/s{claims.slot}/m{int(check.now // 60)}",
         approval_id=record.approval_id,
@@ -441,6 +450,7 @@ async def viewed(ctx: WorkflowSharedContext, view: PageView) -> None:
     # The idempotency key folds the views of one minute into the first: a second view is not a
     # conflicting entry with the same id, it is not sent at all.
     ctx.object_send(append, key=record.approval_id, arg=entry, idempotency_key=f"audit/{entry.entry_id}")
+    return answer
 
 
 # Private: only `EmailDelivery.record` calls it, after a verified provider event.

@@ -9,8 +9,10 @@ that says what happened; no stack trace, no token, ever reaches a response or a 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Literal
 from urllib.parse import parse_qsl, urlsplit
 
@@ -41,6 +43,10 @@ _MAX_FORM_BYTES = 64 * 1024
 # (milliseconds, normally); then it answers 503 "still being set up".
 _SETUP_WAIT_SECONDS = 3.0
 
+StatusCall = Callable[[str], Awaitable[RunStatus]]
+"""Reads one approval's status by id: `RunsClient.status`, or `RunsClient.viewed` for a page's GET
+(which answers the same and records the view; before the record is saved it records nothing)."""
+
 
 class ApprovalPages:
     def __init__(self, settings: Settings) -> None:
@@ -55,7 +61,12 @@ class ApprovalPages:
         runs: RunsClient = request.app.state.runs
         try:
             claims = links.parse(token)
-            loaded = await self._load(runs, claims.run_id, claims.index, claims.exp)
+            # A GET reads the approval and records its view in one `Approval` invocation; HEAD and
+            # POST only read (a HEAD is no view, and a POST's decision is audited on its own).
+            main: StatusCall = runs.status
+            if request.method == "GET":
+                main = functools.partial(runs.viewed, token=token, client=request.headers.get("user-agent", ""))
+            loaded = await self._load(runs, main, claims.run_id, claims.index, claims.exp)
             if loaded is None:
                 raise LinkInvalid("This link is not valid.")
             status, record = loaded
@@ -66,8 +77,6 @@ class ApprovalPages:
             return notice(exc.status, "Try again", exc.message)
 
         approver = record.approvers[claims.slot]
-        if request.method == "GET":
-            await runs.note(record.approval_id, token, request.headers.get("user-agent", ""))
         if len(record.batch) > 1:
             # Before anything else: the batch page mints current-round tokens for its items, so a link
             # from a replaced round (or past its expiry) must end here, as it does on a single page.
@@ -154,18 +163,20 @@ class ApprovalPages:
         return form
 
     @staticmethod
-    async def _load(runs: RunsClient, run_id: str, index: int, expires: int) -> tuple[RunStatus, ApprovalRecord] | None:
-        """The approval the link points to, from its own workflow; for a batch, with the other items
-        of the batch beside it (each in its own workflow)."""
+    async def _load(
+        runs: RunsClient, main: StatusCall, run_id: str, index: int, expires: int
+    ) -> tuple[RunStatus, ApprovalRecord] | None:
+        """The approval the link points to, from its own workflow (read with `main`); for a batch,
+        with the other items of the batch beside it (each in its own workflow, read with `status`)."""
         wanted = links.approval_id(run_id, index)
-        status = await _approval_status(runs, wanted, expires)
+        status = await _approval_status(main, wanted, expires)
         record = next((r for r in status.approvals if r.approval_id == wanted), None)
         if record is None or not record.batch:
             return (status, record) if record is not None else None
         approvals, history = list(status.approvals), list(status.history)
         for other in record.batch:
             if other != index:
-                item = await _approval_status(runs, links.approval_id(run_id, other), expires)
+                item = await _approval_status(runs.status, links.approval_id(run_id, other), expires)
                 approvals += item.approvals
                 history += item.history
         return status.model_copy(update={"approvals": approvals, "history": history}), record
@@ -296,16 +307,17 @@ class ApprovalPages:
         return FormData([(name, value) for name, value in fields])
 
 
-async def _approval_status(runs: RunsClient, approval_id: str, expires: int) -> RunStatus:
+async def _approval_status(call: StatusCall, approval_id: str, expires: int) -> RunStatus:
     """An approval's status. The request email goes out from the caller's journal just before the
     approval's own workflow has saved its record, so a link still within its validity may meet an
-    approval that is not there yet: the page waits for it a little (a read, polled with a deadline),
-    then says "try again" (nothing can be verified, nothing is decided), or "expired" once the link's
-    expiry has passed, never "invalid"."""
+    approval that is not there yet: the page waits for it a little (a read, polled with a deadline;
+    a GET's `viewed` records nothing while the record is missing), then says "try again" (nothing
+    can be verified, nothing is decided), or "expired" once the link's expiry has passed, never
+    "invalid"."""
     deadline = time.monotonic() + _SETUP_WAIT_SECONDS
     pause = 0.02
     while True:
-        status = await runs.status(approval_id)
+        status = await call(approval_id)
         if status.phase != "unknown":
             return status
         if time.time() >= expires:

@@ -9,7 +9,6 @@ is opened, exactly as the endpoint does.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
@@ -20,7 +19,6 @@ from handlers.contract import Decision, DecisionReceipt, PageView, RunStatus
 from handlers.objects.inbox import InboxView
 from handlers.security.codec import JournalValueUnreadable
 
-log = logging.getLogger("countersign.web")
 SERVICE = "Approval"
 _JSON = {"content-type": "application/json"}
 
@@ -48,16 +46,13 @@ class RunsClient:
     async def inbox(self, approver: str) -> InboxView:
         return InboxView.model_validate_json(await self._call("pending", approver, None, None, service="ApprovalInbox"))
 
-    async def note(self, approval_id: str, token: str, client: str) -> None:
-        """Record a page view in the approval's audit trail (`Approval.viewed` re-verifies the link);
-        a failure is not the reader's problem."""
+    async def viewed(self, approval_id: str, token: str, client: str) -> RunStatus:
+        """What `status` answers, for a page opened with this link (GET); `Approval.viewed` also
+        records the view in the audit trail when the link is authentic (it re-verifies it). One
+        call: the status a page shows and its view are a single invocation."""
         view = PageView(token=token, client=client[:300])
-        try:
-            await self._client.generic_send(
-                SERVICE, "viewed", view.model_dump_json().encode(), key=approval_id, headers=_JSON
-            )
-        except (restate.HttpError, httpx.HTTPError):
-            log.warning("could not record a page view of %s", approval_id)
+        raw = await self._call("viewed", approval_id, view.model_dump_json().encode(), None)
+        return RunStatus.model_validate_json(raw)
 
     async def slack_decide(self, approval_id: str, body: bytes, idempotency_key: str) -> None:
         """Hand a verified Slack decision to `Approval.slack_decide` without waiting for it (Slack
