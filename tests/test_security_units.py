@@ -37,6 +37,7 @@ from handlers.security.codec import (
     MAX_OPENED,
     JournalCipher,
     JournalValueUnreadable,
+    journal_codec,
 )
 from handlers.security.redact import ScrubbedError, clean_failures, scrub, scrubbed
 from handlers.settings import Settings, parse_journal_keys
@@ -226,6 +227,17 @@ def test_a_v2_plaintext_that_is_not_one_whole_deflate_stream_is_refused() -> Non
     for packed in (whole[:-3], whole + b"trailing", b"\xff" * 40, b""):
         with pytest.raises(JournalValueUnreadable):
             cipher.open(seal_v2(packed))
+
+
+def test_compression_can_be_switched_off_for_an_upgrade_and_reading_stays_on() -> None:
+    keys = f"j1:{b64(K1)}"
+    on = journal_codec(Settings(countersign_journal_keys=keys))  # type: ignore[arg-type]
+    off = journal_codec(Settings(countersign_journal_keys=keys, countersign_journal_compress="false"))  # type: ignore[arg-type]
+    assert on is not None and off is not None
+    assert on.encode(BIG).startswith(ENVELOPE_V2) and off.encode(BIG).startswith(ENVELOPE_V1)
+    assert off.open(on.encode(BIG)) == BIG == on.open(off.encode(BIG))
+    with pytest.raises(ValidationError, match="countersign_journal_compress"):
+        Settings(countersign_journal_compress="maybe")  # type: ignore[arg-type]
 
 
 def realistic_record() -> ApprovalRecord:

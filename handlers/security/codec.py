@@ -9,8 +9,10 @@ is stored as a JSON envelope sealed with the first key:
 * `{"countersign:v1":"<kid>.<base64url(nonce | ciphertext | tag)>"}` for every other value (and for
   every value written before v2 existed: both versions open, so old journals still replay).
 
-Every listed key opens (rotation), and a changed byte fails authentication: the version and the key
-id are associated data, so relabelling a v2 value as v1 (or a key's value as another key's) is refused.
+`COUNTERSIGN_JOURNAL_COMPRESS=false` writes only v1, for the one upgrade from a version that cannot
+open v2 while it still serves paused runs. Every listed key opens (rotation), and a changed byte
+fails authentication: the version and the key id are associated data, so relabelling a v2 value as
+v1 (or a key's value as another key's) is refused.
 Opening a v2 value inflates at most `MAX_OPENED` bytes and refuses anything larger (a decompression
 bomb) with `JournalValueUnreadable`, as it does a stream that does not end exactly where the
 ciphertext does. Plain JSON (a body sent with curl, a value journaled before encryption was switched
@@ -71,17 +73,19 @@ class JournalValueUnreadable(ValueError):
 
 
 class JournalCipher(JournalValueCodec):
-    def __init__(self, keys: Mapping[str, bytes]) -> None:
+    def __init__(self, keys: Mapping[str, bytes], *, compress: bool = True) -> None:
+        """`compress=False` writes only v1 (see COUNTERSIGN_JOURNAL_COMPRESS); both versions always open."""
         if not keys:
             raise ValueError("a journal cipher needs at least one key")
         self.kid = next(iter(keys))
+        self.compress = compress
         self._aead = {kid: AESGCM(key) for kid, key in keys.items()}
 
     def encode(self, buf: bytes) -> bytes:
         if not buf:
             return b""
         plain, prefix = bytes(buf), ENVELOPE_V1
-        if COMPRESS_FROM <= len(plain) <= MAX_OPENED:
+        if self.compress and COMPRESS_FROM <= len(plain) <= MAX_OPENED:
             deflate = zlib.compressobj(COMPRESS_LEVEL, zlib.DEFLATED, _WBITS)
             packed = deflate.compress(plain) + deflate.flush()
             if len(packed) < len(plain):
@@ -143,4 +147,6 @@ def _inflate(packed: bytes) -> bytes:
 
 def journal_codec(settings: Settings) -> JournalCipher | None:
     """The codec for the endpoint and every client of it; None when no journal keys are configured."""
-    return JournalCipher(settings.countersign_journal_keys) if settings.countersign_journal_keys else None
+    if not settings.countersign_journal_keys:
+        return None
+    return JournalCipher(settings.countersign_journal_keys, compress=settings.countersign_journal_compress)
