@@ -150,6 +150,9 @@ class Settings(BaseSettings):
     approvals_security_contact: str | None = Field(default=None, pattern=r"^[^@\s<>\"']{1,64}@[A-Za-z0-9.-]{1,190}$")
     restate_identity_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     countersign_journal_keys: SigningKeys = Field(default_factory=dict)
+    # Off only while upgrading from a version that cannot open compressed (v2) journal values and
+    # still serves paused runs: those read values that the new deployment writes.
+    countersign_journal_compress: bool = True
     # The user's own Restate services, served by the same endpoint (imported by handlers.runtime.services).
     countersign_services: Annotated[list[str], NoDecode] = Field(default_factory=list)
     model: str = "scripted"

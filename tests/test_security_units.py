@@ -9,6 +9,9 @@ import contextlib
 import json
 import os
 import re
+import secrets
+import tracemalloc
+import zlib
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -20,12 +23,22 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from restate import TerminalError
 from restate.exceptions import RetryableError
+from support.records import approval_record
 
 from handlers.approval import confirm
 from handlers.contract import EMAIL_PATTERN, AgentTask, ApprovalRecord, ReassignRequest
 from handlers.runtime import startup
 from handlers.security import identity
-from handlers.security.codec import ENVELOPE, JournalCipher, JournalValueUnreadable
+from handlers.security.codec import (
+    COMPRESS_FROM,
+    ENVELOPE,
+    ENVELOPE_V1,
+    ENVELOPE_V2,
+    MAX_OPENED,
+    JournalCipher,
+    JournalValueUnreadable,
+    journal_codec,
+)
 from handlers.security.redact import ScrubbedError, clean_failures, scrub, scrubbed
 from handlers.settings import Settings, parse_journal_keys
 from handlers.tools import default_registry
@@ -34,6 +47,7 @@ from handlers.tools.policy import ToolPolicy, evaluate
 T = TypeVar("T")
 K1, K0 = os.urandom(32), os.urandom(32)
 VALUE = json.dumps({"requester": "alice@example.com", "reason": "damaged in transit"}).encode()
+BIG = json.dumps([{"requester": "alice@example.com", "reason": f"damaged in transit {i}"} for i in range(20)]).encode()
 
 
 def b64(raw: bytes) -> str:
@@ -66,17 +80,18 @@ def test_cipher_rotation_first_key_seals_all_open() -> None:
     old = JournalCipher({"j0": K0}).encode(VALUE)
     rotated = JournalCipher({"j1": K1, "j0": K0})
     assert rotated.open(old) == VALUE
-    assert rotated.encode(VALUE).startswith(ENVELOPE + b"j1.")
+    assert rotated.encode(VALUE).startswith(ENVELOPE_V1 + b"j1.")
     with pytest.raises(JournalValueUnreadable, match="'j0'"):
         JournalCipher({"j1": K1}).open(old)
     with pytest.raises(JournalValueUnreadable):
         JournalCipher({"j0": K1}).open(old)
 
 
-def test_cipher_refuses_every_altered_character() -> None:
+@pytest.mark.parametrize("value", [VALUE, BIG], ids=["v1", "v2"])
+def test_cipher_refuses_every_altered_character(value: bytes) -> None:
     cipher = JournalCipher({"j1": K1})
-    sealed = cipher.encode(VALUE)
-    start = len(ENVELOPE) + len(b"j1.")
+    sealed = cipher.encode(value)
+    start = len(ENVELOPE_V1) + len(b"j1.")
     for i in range(start, len(sealed) - 2):
         altered = sealed[:i] + (b"A" if sealed[i : i + 1] != b"A" else b"B") + sealed[i + 1 :]
         with pytest.raises(JournalValueUnreadable):
@@ -108,13 +123,191 @@ def test_cipher_format_is_aes_256_gcm_with_the_kid_as_associated_data() -> None:
     assert AESGCM(K1).decrypt(raw[:12], raw[12:], b"countersign.journal.v1\x00j1") == VALUE
 
 
+def test_v2_format_is_raw_deflate_sealed_with_the_version_and_kid_as_associated_data() -> None:
+    sealed = JournalCipher({"j1": K1}).encode(BIG)
+    assert list(json.loads(sealed)) == ["countersign:v2"] and sealed.startswith(ENVELOPE_V2 + b"j1.")
+    payload = json.loads(sealed)["countersign:v2"].split(".", 1)[1]
+    raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+    packed = AESGCM(K1).decrypt(raw[:12], raw[12:], b"countersign.journal.v2\x00j1")
+    assert zlib.decompress(packed, wbits=-15) == BIG
+
+
+def seal_v2(packed: bytes, *, aad: bytes = b"countersign.journal.v2\x00j1") -> bytes:
+    """A v2 envelope around any DEFLATE bytes, sealed as a holder of the key could."""
+    nonce = os.urandom(12)
+    payload = base64.urlsafe_b64encode(nonce + AESGCM(K1).encrypt(nonce, packed, aad)).rstrip(b"=")
+    return ENVELOPE_V2 + b"j1." + payload + b'"}'
+
+
+def deflate(plain: bytes) -> bytes:
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    return packer.compress(plain) + packer.flush()
+
+
+def test_values_from_the_threshold_on_are_compressed_and_round_trip() -> None:
+    cipher = JournalCipher({"j1": K1})
+    small, large = b'{"a":"' + b"x" * (COMPRESS_FROM - 9) + b'"}', b'{"a":"' + b"x" * (COMPRESS_FROM - 8) + b'"}'
+    assert len(small) == COMPRESS_FROM - 1 and len(large) == COMPRESS_FROM
+    assert cipher.encode(small).startswith(ENVELOPE_V1) and cipher.encode(large).startswith(ENVELOPE_V2)
+    assert cipher.open(cipher.encode(small)) == small and finish(cipher.decode(cipher.encode(large))) == large
+    incompressible = os.urandom(600)
+    assert cipher.encode(incompressible).startswith(ENVELOPE_V1), "v2 only when it is shorter"
+    assert cipher.open(cipher.encode(incompressible)) == incompressible
+
+
+# Written by the code before v2 existed (key OLD_KEY, kid "old"): journals of that time must still replay.
+OLD_KEY = bytes(range(32))
+OLD_SMALL = (
+    b'{"countersign:v1":"old.3rDcfXVbU3aFFL7-q2Xfs0WqX7bq4xDbRhCwyP8qHn61LcC83YvrKCn6DXbD1g7rb0ceW9wMM88R2a6aECDMfgE6'
+    b'ZvmBiwqOdk3WUCy0wx-SZhvD75b6m0tDAA"}'
+)
+OLD_LARGE = (
+    b'{"countersign:v1":"old.PjGV5Fou5Ht39NrF4nvsVw50PY818Rocd1jbwO5rYmwWyNFXsDKFJBQtne8bhLYSTJ57A__nCYO_pLQCCdeaBNCk'
+    b"mPYTrvSoyQWFK-6H5YUc0qkz_w_khV6S4kWvatl3uEWMqfvrFZ5rZN9ZZvmXqaXw1V_H48lYnRN5Uxc-AkSSmOBvD9wTTHHpwAfZCdPy4bUx1hK"
+    b"4yMv6lUTVJnh6U4oX0Y4njq8f9Oo8tmoutnIinoPDLs_YCbDWh-2mvs4PkSyFZDaBQBzIQCJs2OQL76tLhgAB5Wx6RK6EG5ykrj7AeTokEhnJTy2"
+    b"27DwrhKVgKz3pLNRb3mehIFkgQ1txm0JsuoInOEl-3JWmWB_pSY7uv4xSk4lxfW1ZVLWAfxN42IMIeijL12rupqSiwfJNyemZFENPFaCfU6depvn"
+    b'jUewRBDs1Vfplwi3Cf-vffRO1DOFuVXF8PxFyWFaLPtaE_3idvUivptSr0POyaq_7UqGdlE4F_a6h"}'
+)
+
+
+def test_v1_values_written_before_compression_still_open() -> None:
+    cipher = JournalCipher({"new": K1, "old": OLD_KEY})
+    assert cipher.open(OLD_SMALL) == b'{"requester":"alice@example.com","reason":"damaged in transit"}'
+    assert cipher.open(OLD_LARGE) == b'{"note":"' + b"written before compression; " * 12 + b'"}'
+    assert len(cipher.open(OLD_LARGE)) >= COMPRESS_FROM, "a value that v2 would now compress"
+
+
+def test_the_version_is_authenticated_both_ways() -> None:
+    cipher = JournalCipher({"j1": K1})
+    v2, v1 = cipher.encode(BIG), cipher.encode(VALUE)
+    assert v2.startswith(ENVELOPE_V2) and v1.startswith(ENVELOPE_V1)
+    with pytest.raises(JournalValueUnreadable, match="authentication"):
+        cipher.open(ENVELOPE_V1 + v2[len(ENVELOPE_V2) :])
+    with pytest.raises(JournalValueUnreadable, match="authentication"):
+        cipher.open(ENVELOPE_V2 + v1[len(ENVELOPE_V1) :])
+    # A v1 seal around DEFLATE bytes is opened as v1: the compressed bytes, never inflated.
+    relabelled = seal_v2(deflate(BIG), aad=b"countersign.journal.v1\x00j1").replace(ENVELOPE_V2, ENVELOPE_V1, 1)
+    assert cipher.open(relabelled) == deflate(BIG)
+
+
+def test_an_unknown_envelope_version_is_refused_not_passed_through() -> None:
+    cipher = JournalCipher({"j1": K1})
+    future = cipher.encode(BIG).replace(ENVELOPE_V2, ENVELOPE + b'3":"', 1)
+    with pytest.raises(JournalValueUnreadable, match="version v3"):
+        cipher.open(future)
+    assert cipher.open(b'{"countersign:verbose": true}') == b'{"countersign:verbose": true}', "plain JSON"
+
+
+def test_a_decompression_bomb_is_refused_without_inflating_it_all() -> None:
+    """Sealed with the key, so it authenticates: only the size limit stops it. Inflating it whole
+    would take 8x the limit (its 128 MiB, and the buffer it grows from); bounded it is about 2x."""
+    cipher = JournalCipher({"j1": K1})
+    packer, zeros = zlib.compressobj(9, zlib.DEFLATED, -15), bytes(2**20)
+    bomb = seal_v2(b"".join(packer.compress(zeros) for _ in range(4 * MAX_OPENED // len(zeros))) + packer.flush())
+    assert len(bomb) < 256 * 1024
+    tracemalloc.start()
+    try:
+        with pytest.raises(JournalValueUnreadable, match="inflates past 32 MiB"):
+            cipher.open(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * MAX_OPENED, f"opening it took {peak / 2**20:.0f} MiB"
+    just_over = seal_v2(deflate(b"0" * (MAX_OPENED + 1)))
+    with pytest.raises(JournalValueUnreadable, match="inflates past 32 MiB"):
+        cipher.open(just_over)
+    at_the_limit = b"0" * MAX_OPENED
+    assert cipher.open(seal_v2(deflate(at_the_limit))) == at_the_limit
+    assert cipher.encode(at_the_limit + b"0").startswith(ENVELOPE_V1), "never compresses what it would refuse"
+
+
+def test_a_v2_plaintext_that_is_not_one_whole_deflate_stream_is_refused() -> None:
+    cipher = JournalCipher({"j1": K1})
+    whole = deflate(BIG)
+    for packed in (whole[:-3], whole + b"trailing", b"\xff" * 40, b""):
+        with pytest.raises(JournalValueUnreadable):
+            cipher.open(seal_v2(packed))
+
+
+def test_compression_can_be_switched_off_for_an_upgrade_and_reading_stays_on() -> None:
+    keys = f"j1:{b64(K1)}"
+    on = journal_codec(Settings(countersign_journal_keys=keys))  # type: ignore[arg-type]
+    off = journal_codec(Settings(countersign_journal_keys=keys, countersign_journal_compress="false"))  # type: ignore[arg-type]
+    assert on is not None and off is not None
+    assert on.encode(BIG).startswith(ENVELOPE_V2) and off.encode(BIG).startswith(ENVELOPE_V1)
+    assert off.open(on.encode(BIG)) == BIG == on.open(off.encode(BIG))
+    with pytest.raises(ValidationError, match="countersign_journal_compress"):
+        Settings(countersign_journal_compress="maybe")  # type: ignore[arg-type]
+
+
+def realistic_record() -> ApprovalRecord:
+    """Shaped like a demo run's record: random digest and nonce, the facts and trail the tool gave."""
+    return ApprovalRecord.model_validate(
+        approval_record().model_dump()
+        | {
+            "approval_id": "b88c41d-cap-co-0-a1",
+            "run_id": "b88c41d-cap-co-0",
+            "args": {"order_id": 10000000, "amount_usd": "800.00", "reason": "Refund order 10000000 for $800.00"},
+            "digest": secrets.token_hex(32),
+            "nonces": [secrets.token_urlsafe(16)],
+            "summary": "Refund $800.00 to order 10000000",
+            "why": "The requester asked: Refund order 10000000 for $800.00",
+            "policy": "issue_refund: needs approval when amount_usd > 500",
+            "editable": {"amount_usd": "may only be lowered"},
+            "context": [
+                {"label": "Order total", "value": "$10000.00"},
+                {"label": "Already refunded", "value": "$0.00"},
+                {"label": "Customer since", "value": "2019-03-14"},
+                {"label": "Refunds in the last 90 days", "value": "0 ($0.00) for c_17"},
+            ],
+            "trail": [
+                {
+                    "index": 0,
+                    "tool": "lookup_order",
+                    "outcome": "autonomous",
+                    "args": '{"order_id": 10000000}',
+                    "result": '{"amount_usd": "10000.00", "customer_id": "c_17", "order_id": 10000000, '
+                    '"refunded_usd": "0.00", "status": "paid"}',
+                }
+            ],
+        }
+    )
+
+
+def test_a_realistic_record_is_at_least_a_third_smaller_sealed() -> None:
+    cipher = JournalCipher({"j1": K1})
+    plain = realistic_record().model_dump_json().encode()
+    assert len(plain) > 1000
+    before = (
+        len(ENVELOPE_V1 + b"j1.") + len(base64.urlsafe_b64encode(os.urandom(12 + len(plain) + 16)).rstrip(b"=")) + 2
+    )
+    sealed = cipher.encode(plain)
+    assert sealed.startswith(ENVELOPE_V2) and before >= 1.5 * len(sealed), (before, len(sealed))
+    assert ApprovalRecord.model_validate_json(cipher.open(sealed)) == ApprovalRecord.model_validate_json(plain)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=2000))
 def test_cipher_round_trips_any_bytes_and_open_never_crashes(buf: bytes) -> None:
     cipher = JournalCipher({"j1": K1})
     assert cipher.open(cipher.encode(buf)) == buf
-    with contextlib.suppress(JournalValueUnreadable):
-        cipher.open(ENVELOPE + buf)
+    for prefix in (ENVELOPE, ENVELOPE_V1, ENVELOPE_V2):
+        with contextlib.suppress(JournalValueUnreadable):
+            cipher.open(prefix + buf)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.sampled_from(["alice", '"amount_usd"', "800.00", "{", "}", ",", " "]), max_size=600),
+    st.binary(max_size=40),
+)
+def test_cipher_round_trips_compressible_values(words: list[str], noise: bytes) -> None:
+    cipher = JournalCipher({"j1": K1})
+    buf = "".join(words).encode() + noise
+    sealed = cipher.encode(buf)
+    assert cipher.open(sealed) == buf
+    if len(buf) >= 400:  # mostly seven words: DEFLATE always wins at that length
+        assert sealed.startswith(ENVELOPE_V2)
 
 
 def test_journal_key_settings() -> None:

@@ -57,7 +57,7 @@ class Operations:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         keys = journal_keys(settings)
-        self.codec = JournalCipher(keys) if keys else None
+        self.codec = JournalCipher(keys, compress=settings.countersign_journal_compress) if keys else None
 
     def _sql(self, query: str) -> list[dict[str, Any]]:
         try:
