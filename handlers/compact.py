@@ -5,6 +5,11 @@ Guarantee: a value reads back equal to what was written (a field left out takes 
 is what it held), and a value written in full, by an earlier release, reads the same; so a step's
 result, a call's parameter or a handler's input costs the journal what it says, not the size of its
 schema. The same rule `RunBook.save` applies to the state it stores.
+
+The rule that keeps it so: never change the default of a field of a model journaled this way (or of
+a model inside one); add a field instead. A value left out is read with the reader's default, and
+during an upgrade a run pinned to the old deployment exchanges these values with approvals on the
+new one. `tests/test_compact.py` holds the defaults and fails when one changes.
 """
 
 from __future__ import annotations

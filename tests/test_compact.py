@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import typing
+from pathlib import Path
+
+from pydantic import BaseModel
 from support.records import approval_record
 
 from handlers.agent.run import Turn
+from handlers.approval.calls import _Asked
 from handlers.approval.gate import GateResult
 from handlers.approval.verdict import Verdict
 from handlers.approval.workflow import ApprovalRequest
@@ -20,6 +26,9 @@ def _verdict() -> PolicyVerdict:
     assert tool is not None
     args = tool.validate({"order_id": 1042, "amount_usd": "800.00", "reason": "late"})
     return evaluate(tool.name, tool.policy, args, requester="alice@example.com", tenant="acme")
+
+
+DEFAULTS: dict[str, dict[str, str]] = json.loads((Path(__file__).parent / "data" / "compact_defaults.json").read_text())
 
 
 def test_an_approval_request_reads_back_equal_and_smaller_than_in_full() -> None:
@@ -48,3 +57,38 @@ def test_nothing_is_none_and_none_is_nothing() -> None:
     serde = Compact(Turn)
     assert serde.serialize(None) == b""
     assert serde.deserialize(b"") is None
+
+
+def _defaults(model: type[BaseModel], seen: dict[str, dict[str, str]]) -> None:
+    """Every field default of `model` and of the models its fields hold, by model name."""
+    if model.__name__ in seen:
+        return
+    fields = seen[model.__name__] = {}
+    for name, field in model.model_fields.items():
+        fields[name] = "<required>" if field.is_required() else repr(field.get_default(call_default_factory=True))
+        for inner in _models_in(field.annotation):
+            _defaults(inner, seen)
+
+
+def _models_in(annotation: object) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def test_the_defaults_of_compactly_journaled_models_do_not_change() -> None:
+    """A default changed under a compact value would change what an older journal means (see
+    handlers.compact): add a field instead. Regenerate DEFAULTS only for a new field."""
+    seen: dict[str, dict[str, str]] = {}
+    for model in (ApprovalRequest, GateResult, Turn, _Asked):
+        _defaults(model, seen)
+    changed = {
+        f"{model}.{name}": (DEFAULTS[model][name], now)
+        for model, fields in seen.items()
+        for name, now in fields.items()
+        if model in DEFAULTS and name in DEFAULTS[model] and DEFAULTS[model][name] != now
+    }
+    assert not changed, f"defaults changed (old, new): {changed}"
+    new = {m: sorted(set(fields) - set(DEFAULTS.get(m, {}))) for m, fields in seen.items()}
+    missing = {m: names for m, names in new.items() if names}
+    assert not missing, f"new fields or models: add them to DEFAULTS: {missing}"
