@@ -491,7 +491,7 @@ def _finish(book: RunBook, status: str, answer: str) -> RunResult:
 @agent_run.handler(name="status", journal_retention=retention.NO_JOURNAL)
 async def status(ctx: WorkflowSharedContext) -> RunStatus:
     """Where the run is: phase, pending approvals with their age, and what happened so far. A
-    pending approval is read live from its own workflow (the run does not store it until it returns)."""
+    pending approval is read live from its own workflow (the run stores it only once it returns decided)."""
     found = await run_status(ctx, ctx.key())
     stored = {a.approval_id: a for a in found.approvals}
     live = {i: r for i in pending_ids(await load_header(ctx), stored) if (r := await _live(ctx, i)) is not None}
@@ -501,15 +501,16 @@ async def status(ctx: WorkflowSharedContext) -> RunStatus:
     return found.model_copy(update={"approvals": approvals, "pending": pending})
 
 
-# How long `status` waits for an approval whose email went out from the run a moment ago while its
-# workflow has not saved the record yet (milliseconds, normally), polling at this interval.
-_SETUP_WAIT = timedelta(seconds=3)
+# `status` may ask in the moment between the run listing an approval (with the request email sent and
+# the approval's workflow called) and that workflow saving its record (milliseconds, normally): it
+# asks again, at most this often, this far apart (a count, not a clock: a replay takes the same branches).
+_SETUP_POLLS = 20
 _SETUP_POLL = timedelta(milliseconds=50)
 
 
 async def _live(ctx: WorkflowSharedContext, approval_id: str) -> ApprovalRecord | None:
-    """The approval's record from its own workflow; None if that has saved none within `_SETUP_WAIT`."""
-    for _ in range(int(_SETUP_WAIT / _SETUP_POLL)):
+    """The approval's record from its own workflow; None if that has saved none after `_SETUP_POLLS` asks."""
+    for _ in range(_SETUP_POLLS):
         current = await ctx.workflow_call(approval_status, key=approval_id, arg=None)
         if (record := next((a for a in current.approvals if a.approval_id == approval_id), None)) is not None:
             return record

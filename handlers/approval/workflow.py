@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable
+from datetime import timedelta
 from typing import Any, Literal, Protocol
 
 import restate
 from pydantic import BaseModel
-from restate import DurablePromise, TerminalError, WorkflowContext, WorkflowSharedContext
+from restate import DurablePromise, RunOptions, TerminalError, WorkflowContext, WorkflowSharedContext
 
 from handlers import retention
 from handlers.approval import confirm, tally
@@ -169,6 +170,11 @@ class LinkCheck(BaseModel):
     now: float
 
 
+# A link check is pure but for the clock and the keys; a failure can only be a bug of ours, so a
+# click gets a few quick attempts and then a clear error, never the invocation's long retry policy.
+_LINK_STEP = RunOptions[LinkCheck](max_attempts=3, initial_retry_interval=timedelta(milliseconds=50))
+
+
 def _check_link(token: str, record: ApprovalRecord) -> LinkCheck:
     now = time.time()
     try:
@@ -192,7 +198,7 @@ async def _linked(ctx: WorkflowSharedContext, token: str) -> tuple[links.LinkCla
 
 async def _verified(ctx: WorkflowSharedContext, token: str, record: ApprovalRecord) -> LinkCheck:
     """The journaled check of the link's signature and standing; a 4xx when it is not authentic."""
-    check = await ctx.run_typed("verify link", _check_link, token=token, record=record)
+    check = await ctx.run_typed("verify link", _check_link, _LINK_STEP, token=token, record=record)
     if check.state == "invalid":
         raise TerminalError(check.reason, check.status)
     return check
@@ -434,7 +440,7 @@ async def viewed(ctx: WorkflowSharedContext, view: PageView) -> RunStatus:
     if record is None or links.approval_id(claims.run_id, claims.index) != ctx.key():
         return answer
     # Journaled, as for `decide`: a key rotation between attempts cannot change what was recorded.
-    check = await ctx.run_typed("verify link", _check_link, token=view.token, record=record)
+    check = await ctx.run_typed("verify link", _check_link, _LINK_STEP, token=view.token, record=record)
     if check.state == "invalid":
         return answer
     entry = AuditEntry(

@@ -22,9 +22,10 @@ scrubs them.
 What compression exposes: the sealed length of a v2 value depends on how repetitive its plaintext
 is, not only on how long it is (CRIME-style). Only whoever can read Restate's storage sees those
 lengths, and they already see which runs, approvals, state keys and step names exist. Learning a
-secret that way needs chosen text compressed next to it, once per guess, observed each time. The one
-bearer secret in journal values, an approval link's token (in the `decide` and `viewed` inputs), only
-shares a value with fields sent by whoever presents that token, so guessing it needs it already; other
+secret that way needs chosen text compressed next to it, once per guess, observed each time. The bearer
+secrets in journal values, an approval link's token (in the `decide` and `viewed` inputs) and Slack's
+verification token in a Slack interaction's raw body (`slack_decide`), only share a value with fields
+sent by whoever presents them, so guessing it needs it already; other
 values mix a requester's text with facts about the same run (the order, the approvers), and a guess
 costs the requester a whole gated run, with its email to the approvers. Values under `COMPRESS_FROM`
 bytes are not compressed: they gain little, and they are the short control values (decisions,
