@@ -171,7 +171,10 @@ def test_the_ingress_refuses_every_internal_handler_and_nothing_changes(
 
     for service, key, handler, body in internal_calls(run_id, approval):
         for path in (f"/{service}/{key}/{handler}", f"/{service}/{key}/{handler}/send"):
-            answer = ingress.post_json(path, body)
+            # Each on a connection of its own: the ingress may close one after refusing a request
+            # whose body it did not read, and a client that sent the next request on it meanwhile
+            # saw "Server disconnected" (about one run in four).
+            answer = ingress.post_json(path, body, {"connection": "close"})
             assert answer.status_code == 400, (path, answer.status_code, answer.text)
             assert "private" in answer.text.lower() or "not public" in answer.text.lower(), answer.text
 
