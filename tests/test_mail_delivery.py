@@ -141,6 +141,27 @@ def test_a_429_storm_waits_for_retry_after_and_ends_in_one_email(
     assert stack.ingress.wait_output(run_id).json()["actions"][0]["outcome"] == "rejected"
 
 
+def test_while_its_request_email_is_retried_a_run_shows_its_approval_and_a_cancel_executes_nothing(
+    stack: IsolatedStack, fake: FakeResend, run_id: str
+) -> None:
+    """Until the request email is accepted the approval's own workflow has not started: the run still
+    holds the frozen record, so `status` lists it, and a cancel then closes it ahead and stops the run
+    (it is not left waiting for a person on an approval nobody can see)."""
+    fake.fail_next(*[Fault("rate_limit", retry_after="2")] * 4)
+    stack.ingress.start_run(run_id, refund(new_order(stack.db_path, 100000)))
+    wait_until(lambda: fake.requests_for(request_key(run_id)), 30, "the first, refused, send", interval=0.05)
+    pending = wait_until(lambda: stack.ingress.status(run_id)["pending"] or None, 6, "the run to list its approval")
+    assert [p["approval_id"] for p in pending] == [f"{run_id}-a0"]
+    receipt = stack.ingress.call("AgentRun", run_id, "cancel", {"reason": "provider down"}).json()
+    assert not fake.accepted_for(request_key(run_id)), "all of it while the email was still being retried"
+    assert receipt["accepted"] and receipt["cancelled_approvals"] == [f"{run_id}-a0"]
+    done = stack.ingress.wait_output(run_id, 60).json()
+    assert done["status"] == "cancelled", done
+    assert [a["outcome"] for a in done["actions"]] == ["cancelled"]
+    assert refunds_for(stack.db_path, run_id) == []
+    assert len(fake.accepted_for(request_key(run_id))) == 1, "the email itself still went out once"
+
+
 def test_a_slow_5xx_and_lost_connection_storm_ends_in_one_email(
     stack: IsolatedStack, fake: FakeResend, run_id: str
 ) -> None:

@@ -19,7 +19,7 @@ from fakes.fixtures import model_stack, provider_env, running
 from fakes.provider import FakeProvider, JsonObject, Reply, Step
 from support.approver import form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import IsolatedStack
+from support.processes import IsolatedStack, wait_until
 
 
 @dataclass(frozen=True)
@@ -147,6 +147,29 @@ def test_gated_call_approved_over_several_turns(
     assert '"customer_id": "c_17"' in provider.results(second)[lookup_id]
     approved = provider.results(third)[refund_id]
     assert '"outcome": "approved"' in approved and '"refund_id"' in approved
+
+
+def test_a_cancel_during_the_model_turn_that_proposes_a_gated_call_executes_nothing(
+    stack: IsolatedStack, provider: Provider, model: str, run_id: str
+) -> None:
+    """The cancel comes while the model is still answering (its turn had already checked for one):
+    the run asks its approvers, then finds the cancel, closes its approval and runs nothing."""
+    order = new_order(stack.db_path, 125000)
+    lookup = provider.calls(model, ("lookup_order", {"order_id": order}))
+    refund = provider.calls(model, ("issue_refund", {"order_id": order, "amount_usd": "700.00", "reason": "late"}))
+    provider.fake.script(model, lookup, Reply(refund.status, refund.body, delay=1.0))
+    assert stack.ingress.start_run(run_id, task(provider, model, f"Refund order {order} for $700")).status_code == 202
+    wait_until(lambda: len(provider.fake.seen(model)) == 2, 30, "the model's second turn to be asked")
+    receipt = stack.ingress.call("AgentRun", run_id, "cancel", {"reason": "changed our mind"}).json()
+    assert receipt["accepted"], receipt
+    assert len(provider.fake.seen(model)) == 2 and not refunds_for(stack.db_path, run_id)
+    result = finish(stack, run_id)
+    assert result["status"] == "cancelled", result
+    assert [(a["tool"], a["outcome"]) for a in result["actions"]] == [
+        ("lookup_order", "autonomous"),
+        ("issue_refund", "cancelled"),
+    ]
+    assert refunds_for(stack.db_path, run_id) == []
 
 
 def test_rejection_reason_reaches_the_model_which_reacts(

@@ -257,7 +257,6 @@ async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
         RunState(
             run_id=ctx.key(), tenant=task.tenant, goal=task.goal, requester=task.requester, model=task.model or ""
         ),
-        pending_elsewhere=True,
     )
     book.save()
     try:
@@ -491,7 +490,8 @@ def _finish(book: RunBook, status: str, answer: str) -> RunResult:
 @agent_run.handler(name="status", journal_retention=retention.NO_JOURNAL)
 async def status(ctx: WorkflowSharedContext) -> RunStatus:
     """Where the run is: phase, pending approvals with their age, and what happened so far. A
-    pending approval is read live from its own workflow (the run stores it only once it returns decided)."""
+    pending approval is read live from its own workflow (once the run has called that workflow, it
+    stores the record again only when it returns decided)."""
     found = await run_status(ctx, ctx.key())
     stored = {a.approval_id: a for a in found.approvals}
     live = {i: r for i in pending_ids(await load_header(ctx), stored) if (r := await _live(ctx, i)) is not None}
@@ -501,9 +501,9 @@ async def status(ctx: WorkflowSharedContext) -> RunStatus:
     return found.model_copy(update={"approvals": approvals, "pending": pending})
 
 
-# `status` may ask in the moment between the run listing an approval (with the request email sent and
-# the approval's workflow called) and that workflow saving its record (milliseconds, normally): it
-# asks again, at most this often, this far apart (a count, not a clock: a replay takes the same branches).
+# `status` may ask in the moment between the run handing an approval over (clearing its own copy)
+# and the approval's workflow saving the record (milliseconds, normally): it asks again, at most
+# this often, this far apart (a count, not a clock: a replay takes the same branches).
 _SETUP_POLLS = 20
 _SETUP_POLL = timedelta(milliseconds=50)
 

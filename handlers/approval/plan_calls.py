@@ -129,7 +129,10 @@ async def ask_plan_approval(
         book.state.phase = "awaiting_approval"
         book.save()
     request = ApprovalRequest(record=record, policy=asked.verdict, goal=facts.goal, model=facts.model, act="report")
-    result = await ctx.workflow_call(approval_run, key=record.approval_id, arg=request)
+    called = ctx.workflow_call(approval_run, key=record.approval_id, arg=request)
+    if book is not None:
+        book.hand_over([record.approval_id])
+    result = await called
     if book is not None:
         book.state.approvals[record.approval_id] = result.record
         book.save()

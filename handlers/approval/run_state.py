@@ -3,8 +3,8 @@
 Guarantee: only `AgentRun.run` writes it (shared handlers can only read). Each approval and each
 action is stored under its own key (default values left out) and written only when it changed, so a
 step costs the journal what it changed, not the size of the run. Items are written before the header
-that lists them, so a reader that finds an id in the header finds its record (for an approval the
-agent's run still waits on: in that approval's own workflow). A run stored whole
+that lists them, so a reader that finds an id in the header finds its record: here, or, once the run
+has handed a pending approval over to its own workflow, there (`RunBook.hand_over`, `pending_ids`). A run stored whole
 under `run` by an earlier release still reads.
 """
 
@@ -75,15 +75,15 @@ class RunBook:
     Actions are append-only; approvals may change in place and are compared with what was saved.
     `unsent_audit` holds audit entries until `handlers.approval.ledger.flush` sends them.
 
-    With `pending_elsewhere` (the agent's run), an approval still pending is listed in the header
-    but its record is not stored: it lives in the approval's own workflow, which readers ask
-    (`pending_ids`), and is stored here once it returns decided. A waiting run then keeps one
-    copy of each record, not two."""
+    An approval `hand_over` was called for (its own workflow has been started) is, while pending,
+    listed in the header only: its record lives in that workflow, which readers ask (`pending_ids`),
+    and is stored here again once it returns decided. Until then (the request email may be retried
+    for hours) the frozen record is stored here, so a reader finds it in one of the two."""
 
-    def __init__(self, ctx: WorkflowContext, state: RunState, *, pending_elsewhere: bool = False) -> None:
+    def __init__(self, ctx: WorkflowContext, state: RunState) -> None:
         self.ctx = ctx
         self.state = state
-        self.pending_elsewhere = pending_elsewhere
+        self._handed_over: set[str] = set()
         self.unsent_audit: list[AuditEntry] = []
         self._saved_header = b""
         self._saved_approvals: dict[str, bytes] = {}
@@ -91,7 +91,7 @@ class RunBook:
 
     def save(self) -> None:
         for approval_id, record in self.state.approvals.items():
-            if self.pending_elsewhere and record.state == "pending":
+            if approval_id in self._handed_over and record.state == "pending":
                 continue
             raw = record.model_dump_json(exclude_defaults=True).encode()
             if self._saved_approvals.get(approval_id) != raw:
@@ -105,6 +105,14 @@ class RunBook:
         if header != self._saved_header:
             self.ctx.set(HEADER_KEY, header, serde=_RAW)
             self._saved_header = header
+
+    def hand_over(self, approval_ids: Iterable[str]) -> None:
+        """These approvals' workflows have been called: while pending, each record lives there only,
+        and the copy this run stored until now is cleared (a waiting run keeps one, not two)."""
+        for approval_id in approval_ids:
+            if self._saved_approvals.pop(approval_id, None) is not None:
+                self.ctx.clear(approval_key(approval_id))
+            self._handed_over.add(approval_id)
 
 
 async def load_header(ctx: WorkflowSharedContext) -> RunHeader | None:
@@ -138,7 +146,7 @@ async def load_run(ctx: WorkflowSharedContext, *, with_actions: bool = True) -> 
 
 def pending_ids(header: RunHeader | None, stored: dict[str, ApprovalRecord]) -> list[str]:
     """The approvals of a run that may still be pending: listed in its header, and stored pending
-    or not stored at all (see `RunBook.pending_elsewhere`); their live record is their workflow's."""
+    or not stored at all (see `RunBook.hand_over`); their live record is their workflow's."""
     if header is None:
         return []
     listed = header.approval_ids if header.approvals is None else list(header.approvals)

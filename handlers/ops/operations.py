@@ -99,8 +99,8 @@ class Operations:
     def runs(self) -> list[RunState]:
         """Every run with its approvals (without its actions, which no operator command reads here).
         An approval's own workflow (`Approval`) holds its live record; a run made by `AgentRun` holds
-        the decided one once it returns (a run stored by an earlier release may hold the frozen one),
-        so the approval's copy wins."""
+        the frozen one until it has called that workflow and the decided one once it returns, so the
+        approval's copy wins."""
         values: dict[tuple[str, str], dict[str, bytes]] = {}
         for row in self._sql(_RUN_STATES):
             if row.get("value_utf8"):
