@@ -4,8 +4,8 @@ Guarantee: only `AgentRun.run` writes it (shared handlers can only read). Each a
 action is stored under its own key (default values left out) and written only when it changed, so a
 step costs the journal what it changed, not the size of the run. Items are written before the header
 that lists them, so a reader that finds an id in the header finds its record: here, or, once the run
-has handed a pending approval over to its own workflow, there (`RunBook.hand_over`, `pending_ids`). A run stored whole
-under `run` by an earlier release still reads.
+has handed a pending approval over to its own workflow, there (`RunBook.hand_over`, `pending_ids`).
+A run stored whole under `run` by an earlier release still reads.
 """
 
 from __future__ import annotations
