@@ -26,6 +26,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from handlers.runtime import h2_streams
 from handlers.runtime.services import RestateService, endpoint_services
 from handlers.security.codec import journal_codec
 from handlers.settings import Settings
@@ -42,7 +43,9 @@ log = logging.getLogger("countersign.app")
 
 def restate_endpoint(settings: Settings, services: Sequence[RestateService] = ()) -> RestateAppT:
     """Countersign's services, those named by COUNTERSIGN_SERVICES, then `services`; all of them under
-    the same request identity keys and journal codec."""
+    the same request identity keys and journal codec. hypercorn, in this process, then schedules its
+    HTTP/2 streams with `h2_streams` (a waiting invocation holds one open for minutes)."""
+    h2_streams.install()
     return restate.app(
         services=endpoint_services(settings, services),
         identity_keys=settings.restate_identity_keys or None,
