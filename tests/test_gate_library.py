@@ -96,6 +96,11 @@ def test_a_virtual_object_gates_a_refund_and_the_approved_one_runs_once(stack: I
     invocation = stack.ingress.send("RefundDesk", "customer-17", "act", ask)
     [mail] = wait_for_email(stack.outbox_dir, "desk-1")
     assert "Refund $800.00 to order" in mail.text and "asked by the desk" in mail.text
+    # The refund's facts were read in the caller's policy step, not in a step (a round trip) of their own.
+    assert "Order total: $900.00" in mail.text
+    [caller] = stack.restate.invocation_statuses("RefundDesk", "customer-17")
+    steps = [row.get("name") for row in stack.restate.sql(f"select name from sys_journal where id = '{caller['id']}'")]
+    assert "ask policy issue_refund #0" in steps and not [s for s in steps if s and s.startswith("context")]
     assert submit(mail.link, "approve").status_code == 200
     record = stack.ingress.wait_invocation(invocation).json()
     assert record["outcome"] == "approved" and record["approved_by"] == ["finance@example.com"]

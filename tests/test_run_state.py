@@ -138,3 +138,24 @@ def test_a_waiting_run_keeps_its_approval_once_in_the_approvals_workflow(
     wait_until(lambda: approval_key(approval) in stored("AgentRun", run_id), 20, "the decided record in the run")
     [kept] = [a for a in ingress.status(run_id)["approvals"] if a["approval_id"] == approval]
     assert kept["state"] == "cancelled"
+
+
+def test_a_gated_calls_facts_are_read_in_the_model_turns_own_step(
+    app_server: AppServer,
+    ingress: Ingress,
+    restate_server: RestateServer,
+    demo_db: Path,
+    run_id: str,
+) -> None:
+    """The refund's facts for the approver are on its record, and the run's journal has no step (no
+    round trip before the email) of their own."""
+    order = new_order(demo_db, 5000)
+    ingress.start_run(run_id, lookups_then_a_gated_refund(order, 1))
+    status = waiting(ingress, run_id)
+    [record] = status["approvals"]
+    assert {"label": "Order total", "value": "$50.00"} in record["context"]
+    [run] = [r for r in restate_server.invocation_statuses("AgentRun", run_id) if r["target_handler_name"] == "run"]
+    steps = [row.get("name") for row in restate_server.sql(f"select name from sys_journal where id = '{run['id']}'")]
+    assert "model turn 1" in steps and not [s for s in steps if s and s.startswith("context")]
+    ingress.call("AgentRun", run_id, "cancel", {"reason": "done looking"})
+    assert ingress.attach(run_id).json()["status"] == "cancelled"

@@ -8,6 +8,7 @@ resumes after any crash or restart without repeating what already happened; the 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import timedelta
 from typing import Any
@@ -19,7 +20,7 @@ from restate.exceptions import RetryableError
 from restate.serde import Serde
 
 from handlers import retention
-from handlers.agent.turn import PolicyAnswer, RunMustFail, ask_policy, handle_turn
+from handlers.agent.turn import PolicyAnswer, RunMustFail, ask_policy, handle_turn, read_gated_facts
 from handlers.approval import ledger
 from handlers.approval.plan import PLAN_TOOL, ApprovedPlan
 from handlers.approval.plan_calls import ask_plan_approval
@@ -214,6 +215,17 @@ def _model_turn(
         raise
 
 
+async def _turn_step(run_id: str, base: int, task: AgentTask, **turn: Any) -> Turn:
+    """The body of a model turn's journaled step: the turn (in a thread: the model clients block),
+    then, on the event loop where a tool's async functions run, the facts of each call the policy
+    gates. Call `i` of the reply gets index `base + i`."""
+    taken = await asyncio.to_thread(_model_turn, task=task, **turn)
+    await read_gated_facts(
+        taken.reply.tool_calls, taken.policies, run_id=run_id, base=base, tenant=task.tenant, requester=task.requester
+    )
+    return taken
+
+
 def retired_choice(run_choice: ModelRetiredChoice | None, tool: str | None) -> ModelRetiredChoice:
     """What follows a retired model: the run's own choice, else the policy of the tool whose approval
     the run last asked for, else "end". For a user's own loop too (pass the tool it last gated)."""
@@ -283,8 +295,10 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
         try:
             taken = await ctx.run_typed(
                 f"model turn {turn}",
-                _model_turn,
+                _turn_step,
                 _model_retries(),
+                run_id=book.state.run_id,
+                base=len(book.state.actions),
                 model_id=model_id,
                 task=task,
                 transcript=transcript,

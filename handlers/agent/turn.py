@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from handlers.approval.calls import GatedCall, approve_and_act, run_alone
 from handlers.approval.plan import ApprovedPlan, route_call
@@ -23,6 +23,7 @@ from handlers.contract import ActionRecord, Outcome
 from handlers.events import emit as events
 from handlers.llm.base import ToolCall
 from handlers.tools import default_registry
+from handlers.tools.context import ActionContext, read_facts
 from handlers.tools.policy import PolicyError, PolicyVerdict, evaluate
 from handlers.tools.registry import validation_message
 
@@ -38,6 +39,8 @@ class PolicyAnswer(BaseModel):
     verdict: PolicyVerdict | None = None
     opening: Opening | None = None
     problem: str | None = None
+    context: ActionContext = Field(default_factory=ActionContext)
+    """A gated call's facts for the approver, read in the same step."""
 
 
 def ask_policy(
@@ -47,6 +50,22 @@ def ask_policy(
     journaled step that took the model turn: one round trip for the reply and what the policy says of it.
     `results` are the run's earlier results by tool name (for the policies' checks)."""
     return [_answer(call, requester, tenant, results or {}) for call in calls]
+
+
+async def read_gated_facts(
+    calls: list[ToolCall], answers: list[PolicyAnswer | None], *, run_id: str, base: int, tenant: str, requester: str
+) -> None:
+    """Give each call the policy gates its tool's facts (`answers` in place), inside the model turn's
+    step: the facts then cost no round trip of their own before the request email. Call `i` has
+    index `base + i`, as in `handle_turn`."""
+    for position, (call, answer) in enumerate(zip(calls, answers, strict=True)):
+        tool = default_registry().get(call.name)
+        if answer is None or answer.opening is None or tool is None:
+            continue
+        args = tool.validate(call.args).model_dump(mode="json")  # it validated when the policy was asked
+        answer.context = await read_facts(
+            call.name, args, base + position, run_id=run_id, tenant=tenant, requester=requester
+        )
 
 
 def _answer(call: ToolCall, requester: str, tenant: str, results: Mapping[str, Any]) -> PolicyAnswer | None:
@@ -145,6 +164,7 @@ async def handle_turn(
                     opening=answer.opening,
                     deviation=deviations.get(index),
                     confidence=call.confidence,
+                    context=answer.context,
                 )
             )
             continue

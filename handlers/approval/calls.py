@@ -48,7 +48,7 @@ from handlers.objects.audit import append as audit_append
 from handlers.security import links
 from handlers.tools import default_registry
 from handlers.tools.checkpoints import results_of
-from handlers.tools.context import read_context
+from handlers.tools.context import ActionContext, read_facts
 from handlers.tools.execute import idempotency_key, run_tool
 from handlers.tools.policy import PolicyError, PolicyVerdict, evaluate
 from handlers.tools.registry import Tool, validation_message
@@ -87,6 +87,8 @@ class _Asked(BaseModel):
     failed: bool = False
     """The call was valid but its policy could not be resolved (`failed`, not `invalid`)."""
     confidence: float | None = None
+    context: ActionContext = Field(default_factory=ActionContext)
+    """The tool's facts for the approver, read when the policy gated the call."""
 
 
 _POLICY_STEP = RunOptions[Any](
@@ -94,11 +96,13 @@ _POLICY_STEP = RunOptions[Any](
 )
 
 
-def _ask(
+async def _ask(
     tool_name: str,
     raw: dict[str, Any],
     requester: str,
     tenant: str,
+    run_id: str,
+    index: int,
     confidence: float | None = None,
     results: dict[str, Any] | None = None,
 ) -> _Asked:
@@ -123,8 +127,18 @@ def _ask(
     except PolicyError as exc:  # e.g. approvers from a callable that named nobody valid: nothing runs
         return _Asked(args=args, error=f"not run: {exc}", failed=True)
     verdict.webhooks = events.wanted(tenant)
-    opening = open_round() if verdict.gated else None
-    return _Asked(args=args, summary=tool.summary(validated), verdict=verdict, opening=opening, confidence=confidence)
+    if not verdict.gated:
+        return _Asked(args=args, summary=tool.summary(validated), verdict=verdict, confidence=confidence)
+    # A gated call's facts are read here, in this step: no round trip of their own before the email.
+    context = await read_facts(tool_name, args, index, run_id=run_id, tenant=tenant, requester=requester)
+    return _Asked(
+        args=args,
+        summary=tool.summary(validated),
+        verdict=verdict,
+        opening=open_round(),
+        confidence=confidence,
+        context=context,
+    )
 
 
 # Calls made by one invocation, in order: the default index of the next one. The count restarts
@@ -172,6 +186,8 @@ async def _open(
         raw=dict(args),
         requester=requester,
         tenant=tenant,
+        run_id=where,
+        index=at,
         confidence=confidence,
         results=earlier,
     )
@@ -192,9 +208,6 @@ async def _approval(
     assert asked.verdict is not None and asked.opening is not None
     tool = default_registry().get(name)
     assert tool is not None
-    context = await read_context(
-        ctx, name, asked.args, index, run_id=facts.run_id, tenant=facts.tenant, requester=facts.requester
-    )
     record = freeze(
         facts,
         tool,
@@ -204,7 +217,7 @@ async def _approval(
         asked.summary,
         asked.verdict,
         asked.opening,
-        context=context,
+        context=asked.context,
         trail=trail_of(trail),
         confidence=asked.confidence,
     )
@@ -428,6 +441,8 @@ class GatedCall(BaseModel):
     deviation: str | None = None
     """How the call departs from the run's approved plan (shown to the approver)."""
     confidence: float | None = None
+    context: ActionContext = Field(default_factory=ActionContext)
+    """The tool's facts, read in the model turn's step."""
 
 
 async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateResult]:
@@ -444,15 +459,6 @@ async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateRes
         tool = default_registry().get(call.tool)
         assert tool is not None  # the turn validated every gated call against the loaded tools
         opening = Opening(nonce=call.opening.nonce, now=now)
-        context = await read_context(
-            book.ctx,
-            call.tool,
-            call.args,
-            call.index,
-            run_id=state.run_id,
-            tenant=state.tenant,
-            requester=state.requester,
-        )
         records.append(
             freeze(
                 state,
@@ -464,7 +470,7 @@ async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateRes
                 call.verdict,
                 opening,
                 batch,
-                context=context,
+                context=call.context,
                 trail=trail,
                 confidence=call.confidence,
             )

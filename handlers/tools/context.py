@@ -1,8 +1,10 @@
 """Facts for the approver: a tool's read-only `context` function, run once when a gated call is frozen.
 
-Guarantee: the facts are read in one named journaled step (`context <tool> #<index>`), so a replay
-shows the approver exactly what was read the first time; the step never fails and never retries
-the reading: a function that raises, returns something that is not a mapping, or takes longer than
+Guarantee: the facts are read inside the journaled step that asks the policy about the call (the
+model turn's step for the agent, `ask policy <tool> #<index>` for `gated_call` and
+`request_approval`), so a replay shows the approver exactly what was read the first time, and the
+reading adds no round trip before the request email. The reading never fails the step: a function
+that raises, returns something that is not a mapping, or takes longer than
 TOOL_CONTEXT_TIMEOUT_SECONDS yields no facts and a reason instead ("the facts could not be read"),
 and the approval goes out as it would have without them. Labels and values are bounded in number
 and length; values are plain text (rendered, escaped, by the pages and emails).
@@ -13,14 +15,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field
-from restate import Context, RunOptions, TerminalError
 
 from handlers.contract import Fact
-from handlers.errors import is_cancellation
 from handlers.security.redact import scrub
 from handlers.settings import get_settings
 from handlers.tools import default_registry
@@ -30,9 +29,6 @@ from handlers.tools.registry import Tool
 MAX_FACTS = 12
 MAX_LABEL = 60
 MAX_VALUE = 300
-# The body below catches every failure of the user's function, so a retry could only repeat a
-# failure of our own (serialisation); one more attempt, then the approval goes out without facts.
-_CONTEXT_STEP = RunOptions[Any](max_attempts=2, initial_retry_interval=timedelta(milliseconds=100))
 
 
 class ActionContext(BaseModel):
@@ -78,22 +74,12 @@ async def _read(tool: Tool, raw: dict[str, Any], index: int, run_id: str, tenant
         return ActionContext(error=scrub(_short(f"{type(exc).__name__}: {first}".rstrip(": "), MAX_VALUE)))
 
 
-async def read_context(
-    ctx: Context, tool_name: str, args: dict[str, Any], index: int, *, run_id: str, tenant: str, requester: str
+async def read_facts(
+    tool_name: str, args: dict[str, Any], index: int, *, run_id: str, tenant: str, requester: str
 ) -> ActionContext:
-    """The tool's facts for the approver of call `index`, as one step; nothing for a tool without
-    a `context` function (and then no step at all)."""
+    """The tool's facts for the approver of call `index` (validated `args`), read in the caller's
+    own step; nothing for a tool without a `context` function. Never raises for the user's code."""
     tool = default_registry().get(tool_name)
     if tool is None or tool.context is None:
         return ActionContext()
-
-    async def read() -> ActionContext:
-        return await _read(tool, args, index, run_id, tenant, requester)
-
-    try:
-        result: ActionContext = await ctx.run_typed(f"context {tool_name} #{index}", read, _CONTEXT_STEP)
-    except TerminalError as exc:
-        if is_cancellation(exc):
-            raise
-        return ActionContext(error=f"the step failed: {scrub(exc.message)}")
-    return result
+    return await _read(tool, args, index, run_id, tenant, requester)
