@@ -1,4 +1,4 @@
-"""hypercorn's HTTP/2 send order, for a connection that holds thousands of silent streams.
+"""hypercorn's HTTP/2 send order, for connections that hold many silent streams.
 
 Guarantee: once `install()` has run, every HTTP/2 connection hypercorn serves in this process picks
 the next stream to send on in constant time, whatever the number of open streams, and accepts as
@@ -8,9 +8,10 @@ Why: hypercorn asks a `priority.PriorityTree` for the next stream with data. Tha
 re-pushes every open stream, idle ones included, for each frame sent, and refuses a 1,001st open
 stream with an exception hypercorn does not catch, which closes the connection and every
 invocation streaming on it. A Restate endpoint keeps one open, silent stream per waiting invocation
-until restate-server's inactivity timeout (1 min in production), so a busy endpoint has thousands
-on one connection. restate-server sends no PRIORITY frames (RFC 9113 deprecates that scheme), so
-taking the streams that have data in turn loses nothing.
+until restate-server's inactivity timeout (1 min in production), and how restate-server spreads
+them over connections is its own choice (from 4 to 56 connections in the project's benches), so
+a connection may hold hundreds or more. restate-server sends no PRIORITY frames (RFC 9113
+deprecates that scheme), so taking the streams that have data in turn loses nothing.
 """
 
 from __future__ import annotations
