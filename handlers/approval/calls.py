@@ -9,6 +9,7 @@ alive. Works the same from a Workflow, a Virtual Object or a Service.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import weakref
 from collections.abc import Mapping, Sequence
@@ -96,13 +97,11 @@ _POLICY_STEP = RunOptions[Any](
 )
 
 
-async def _ask(
+def _ask(
     tool_name: str,
     raw: dict[str, Any],
     requester: str,
     tenant: str,
-    run_id: str,
-    index: int,
     confidence: float | None = None,
     results: dict[str, Any] | None = None,
 ) -> _Asked:
@@ -127,18 +126,29 @@ async def _ask(
     except PolicyError as exc:  # e.g. approvers from a callable that named nobody valid: nothing runs
         return _Asked(args=args, error=f"not run: {exc}", failed=True)
     verdict.webhooks = events.wanted(tenant)
-    if not verdict.gated:
-        return _Asked(args=args, summary=tool.summary(validated), verdict=verdict, confidence=confidence)
-    # A gated call's facts are read here, in this step: no round trip of their own before the email.
-    context = await read_facts(tool_name, args, index, run_id=run_id, tenant=tenant, requester=requester)
-    return _Asked(
-        args=args,
-        summary=tool.summary(validated),
-        verdict=verdict,
-        opening=open_round(),
-        confidence=confidence,
-        context=context,
-    )
+    opening = open_round() if verdict.gated else None
+    return _Asked(args=args, summary=tool.summary(validated), verdict=verdict, opening=opening, confidence=confidence)
+
+
+async def _ask_and_read(
+    tool_name: str,
+    raw: dict[str, Any],
+    requester: str,
+    tenant: str,
+    run_id: str,
+    index: int,
+    confidence: float | None = None,
+    results: dict[str, Any] | None = None,
+) -> _Asked:
+    """The body of the policy step: the policy's answer (in a thread: an approver callable may
+    block), then, for a gated call, the tool's facts on the event loop, where a tool's async
+    functions run; in this step, they cost no round trip of their own before the email."""
+    asked = await asyncio.to_thread(_ask, tool_name, raw, requester, tenant, confidence, results)
+    if asked.opening is not None:
+        asked.context = await read_facts(
+            tool_name, asked.args, index, run_id=run_id, tenant=tenant, requester=requester
+        )
+    return asked
 
 
 # Calls made by one invocation, in order: the default index of the next one. The count restarts
@@ -180,7 +190,7 @@ async def _open(
     earlier = results_of(results) if isinstance(results, Sequence) else dict(results or {})
     asked = await ctx.run_typed(
         f"ask policy {name} #{at}",
-        _ask,
+        _ask_and_read,
         _POLICY_STEP,
         tool_name=name,
         raw=dict(args),
