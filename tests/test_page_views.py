@@ -24,7 +24,7 @@ from test_approval_semantics import refund_step, task
 from test_operations import refund_task
 from test_security_ingress import audit_entries
 
-from handlers.contract import ApprovalRecord, RunStatus
+from handlers.contract import ApprovalRecord, RunStatus, Submitted
 from handlers.security import links
 
 _APPROVAL_REQUESTS = re.compile(r'^restate_ingress_requests_total\{[^}]*rpc_service="Approval"[^}]*\} (\S+)$', re.M)
@@ -275,3 +275,29 @@ def _unsaved(run_id: str) -> ApprovalRecord:
             "deadline": time.time() + 3600,
         }
     )
+
+
+def test_a_submission_through_the_ingress_verifies_the_link_itself(
+    app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    """`Approval.submit` is reachable through the ingress without the page: a token that is not a
+    link is a 4xx, and one that is not authentic for this approval decides nothing."""
+    mail, approval = waiting_approval(ingress, outbox_dir, demo_db, run_id)
+    record = saved_record(ingress, approval)
+    not_a_link = {"token": "not-a-valid-token-at-all", "verdict": "approve"}
+    malformed = ingress.call("Approval", approval, "submit", not_a_link)
+    assert 400 <= malformed.status_code < 500, malformed.text
+    forged = links.mint(record, 0, {"k1": b"not the deployment's key, 32 bytes"}, "k1")
+    elsewhere = links.mint(record.model_copy(update={"index": 7}), 0, deployment_keys(app_server), "k1")
+    for token in (forged, elsewhere):
+        answer = ingress.call("Approval", approval, "submit", {"token": token, "verdict": "approve"})
+        assert answer.status_code == 200, answer.text
+        submitted = Submitted.model_validate_json(answer.content)
+        assert submitted.receipt is None and submitted.refused is not None
+        assert (submitted.refused.status, submitted.refused.title) == (403, "Link not valid")
+    assert saved_record(ingress, approval).state == "pending" and not saved_record(ingress, approval).votes
+    # The real link still decides (nothing above took the slot).
+    real = ingress.call("Approval", approval, "submit", {"token": mail.link.rsplit("/", 1)[1], "verdict": "approve"})
+    receipt = Submitted.model_validate_json(real.content).receipt
+    assert receipt is not None and receipt.accepted and receipt.state == "approved", real.text
+    assert ingress.wait_output(run_id).json()["actions"][0]["outcome"] == "approved"
