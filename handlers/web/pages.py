@@ -175,11 +175,13 @@ class ApprovalPages:
                 submitted = await runs.submit(wanted, submission, links.token_fingerprint(f"{key}|saved"))
             except RunCallFailed as exc:
                 return _not_decided(exc)
+            if submitted.takeover == "unknown":  # read by `status`, yet not by `submit`: nothing decided
+                return notice(503, "Try again", "This approval is still being set up. Please try again in a minute.")
         record = next((r for r in submitted.status.approvals if r.approval_id == wanted), None)
         if submitted.refused is not None:
             return notice(submitted.refused.status, submitted.refused.title, submitted.refused.text)
         if submitted.takeover == "batch" and record is not None:
-            return await self._batch_post(runs, token, submitted.status, record, claims.exp, form, client)
+            return await self._batch_post(runs, token, submitted.status, record, form, client)
         if submitted.takeover == "review" and record is not None:
             return page(
                 "review.html",
@@ -215,14 +217,14 @@ class ApprovalPages:
         token: str,
         status: RunStatus,
         record: ApprovalRecord,
-        expires: int,
         form: FormData,
         client: str,
     ) -> Response:
         """A batch page's POST, from the status `submit` answered: the other items are read beside
         it, the link is checked as for a batch's GET, then each chosen item is decided."""
         try:
-            status = await _with_batch(runs, status, record, expires)
+            parsed = links.parse(token)
+            status = await _with_batch(runs, status, record, parsed.run_id, parsed.index, parsed.exp)
             claims, link_state = links.check(token, record, self.settings.approvals_signing_keys, time.time())
         except LinkInvalid as exc:
             return _link_notice(exc)
@@ -255,7 +257,7 @@ class ApprovalPages:
         record = next((r for r in status.approvals if r.approval_id == wanted), None)
         if record is None:
             return None
-        return await _with_batch(runs, status, record, expires), record
+        return await _with_batch(runs, status, record, run_id, index, expires), record
 
     def _decided(
         self,
@@ -306,13 +308,16 @@ class ApprovalPages:
         return FormData([(name, value) for name, value in fields])
 
 
-async def _with_batch(runs: RunsClient, status: RunStatus, record: ApprovalRecord, expires: int) -> RunStatus:
-    """`status` with the other items of the record's batch beside it (each read from its own workflow)."""
+async def _with_batch(
+    runs: RunsClient, status: RunStatus, record: ApprovalRecord, run_id: str, index: int, expires: int
+) -> RunStatus:
+    """`status` (of the approval at `index`, `record`) with the other items of its batch beside it,
+    each read from its own workflow."""
     if not record.batch:
         return status
     approvals, history = list(status.approvals), list(status.history)
     for other in record.batch:
-        if other != record.index:
+        if other != index:
             item = await _approval_status(runs.status, links.approval_id(record.run_id, other), expires)
             approvals += item.approvals
             history += item.history
