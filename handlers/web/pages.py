@@ -318,7 +318,7 @@ async def _with_batch(
     approvals, history = list(status.approvals), list(status.history)
     for other in record.batch:
         if other != index:
-            item = await _approval_status(runs.status, links.approval_id(record.run_id, other), expires)
+            item = await _approval_status(runs.status, links.approval_id(run_id, other), expires)
             approvals += item.approvals
             history += item.history
     return status.model_copy(update={"approvals": approvals, "history": history})
