@@ -411,6 +411,49 @@ class PageView(Strict):
     client: str = Field(default="", max_length=300)
 
 
+_FORM_TEXT = 64 * 1024
+"""The longest text a page's form field can carry (the pages read at most 64 KiB of form)."""
+
+
+class PageSubmission(Strict):
+    """Input of `Approval.submit`: an approval page's POST as its form said it, after the page's own
+    checks (same origin, CSRF, form size). The decision rules are `submit`'s: it filters `edits` by
+    what the record lets be edited, checks the verdict, the reason and the typed confirmation."""
+
+    token: str = Field(min_length=10, max_length=400)
+    verdict: str = Field(default="", max_length=20, description="the form's value; approve or reject decide")
+    reason: str = Field(default="", max_length=_FORM_TEXT)
+    edits: dict[str, str] = Field(default_factory=dict, max_length=60, description="`edit.<field>` values")
+    confirm: str = Field(default="", max_length=200)
+    client: str = Field(default="", max_length=300)
+    reviewed: str = Field(default="", max_length=100, description="the review form's marker of the edits it showed")
+
+
+class PageNotice(BaseModel):
+    """A refusal page: its HTTP status, title and text, exactly as the page shows it."""
+
+    status: int
+    title: str
+    text: str
+
+
+class Submitted(BaseModel):
+    """Output of `Approval.submit`: the approval's status (what `status` answers) and what became of
+    the POST. `receipt`: it decided (or learnt who did first, `accepted` false). Otherwise `refused`
+    says why nothing was decided, or `takeover` what the page does itself: `unknown` (the workflow
+    has not saved its record yet: the page waits for it), `batch` (the batch page decides each item),
+    `review` (a long text was edited: the page shows the diff of `edits` for review first)."""
+
+    status: RunStatus
+    receipt: DecisionReceipt | None = None
+    refused: PageNotice | None = None
+    takeover: Literal["unknown", "batch", "review"] | None = None
+    verdict: Literal["approve", "reject"] | None = None
+    reason: str = ""
+    edits: dict[str, str] = Field(default_factory=dict, description="the edits it read: those of editable fields")
+    confirm: str = ""
+
+
 class ReassignReceipt(BaseModel):
     approval_id: str
     accepted: bool

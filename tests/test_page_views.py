@@ -1,4 +1,5 @@
-"""An approval page's GET is one `Approval` invocation, and its view is audited once a minute.
+"""An approval page's GET is one `Approval` invocation, and its view is audited once a minute; a
+single approval's POST is one invocation too, whether it decides or refuses.
 
 Against the real restate-server and handlers. Completed shared-handler invocations keep no row in
 `sys_invocation` (no retention), so the calls are counted where Restate counts them: its ingress
@@ -23,7 +24,7 @@ from test_approval_semantics import refund_step, task
 from test_operations import refund_task
 from test_security_ingress import audit_entries
 
-from handlers.contract import ApprovalRecord, RunStatus
+from handlers.contract import ApprovalRecord, RunStatus, Submitted
 from handlers.security import links
 
 _APPROVAL_REQUESTS = re.compile(r'^restate_ingress_requests_total\{[^}]*rpc_service="Approval"[^}]*\} (\S+)$', re.M)
@@ -155,7 +156,105 @@ def test_the_setup_wait_records_nothing_and_says_try_again(
     app_server: AppServer, ingress: Ingress, run_id: str
 ) -> None:
     """A link to an approval whose workflow has not saved its record: the page waits, then 503."""
-    unsaved = ApprovalRecord.model_validate(
+    unsaved = _unsaved(run_id)
+    token = links.mint(unsaved, 0, {"k1": b"y" * 32}, "k1")
+    for method in ("GET", "HEAD"):
+        page = httpx.request(method, f"{app_server.url}/approvals/{token}", timeout=30)
+        assert page.status_code == 503, (method, page.status_code)
+    assert "still being set up" in httpx.get(f"{app_server.url}/approvals/{token}", timeout=30).text
+    assert audit_entries(ingress, unsaved.approval_id) == []
+
+
+def _origin(mail: ApprovalEmail) -> dict[str, str]:
+    return {"Origin": "/".join(mail.link.split("/", 3)[:3])}
+
+
+def deployment_keys(app_server: AppServer) -> dict[str, bytes]:
+    """The keys the app signs links with (the test environment's first `kid:secret`)."""
+    kid, _, secret = app_server.env["APPROVALS_SIGNING_KEYS"].split(",")[0].partition(":")
+    return {kid: secret.encode()}
+
+
+def test_a_single_approvals_post_is_one_approval_call_whether_it_decides_or_refuses(
+    app_server: AppServer, ingress: Ingress, restate_server: RestateServer, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    mail, approval = waiting_approval(ingress, outbox_dir, demo_db, run_id)
+    record = saved_record(ingress, approval)
+    keys = deployment_keys(app_server)
+    forged = links.mint(record, 0, {"k1": b"not the deployment's key, 32 bytes"}, "k1")
+    with httpx.Client(timeout=30, trust_env=False) as client:
+        match = _CSRF.search(client.get(mail.link).text)
+        assert match
+        csrf = match.group(1)
+
+        def post(data: dict[str, str], *, link: str = mail.link, origin: bool = True) -> tuple[httpx.Response, int]:
+            before = approval_requests(restate_server)
+            reply = client.post(
+                link, data=data, headers=_origin(mail) if origin else {"Origin": "https://evil.example"}
+            )
+            return reply, approval_requests(restate_server) - before
+
+        # The page's own checks come before any call.
+        reply, calls = post({"csrf": "not-the-value", "verdict": "approve"})
+        assert (reply.status_code, calls) == (403, 0), "a bad CSRF value makes no call"
+        reply, calls = post({"csrf": csrf, "verdict": "approve"}, origin=False)
+        assert (reply.status_code, calls) == (403, 0), "a cross-site POST makes no call"
+
+        # Refusals: one call each, with the page they always had.
+        refusals = [
+            ({"csrf": csrf}, mail.link, 400, "Choose a verdict"),
+            ({"csrf": csrf, "verdict": "reject", "reason": "  "}, mail.link, 400, "Reason required"),
+            ({"csrf": csrf, "verdict": "approve", "reason": "x" * 2001}, mail.link, 400, "Reason too long"),
+            (
+                {"csrf": csrf, "verdict": "reject", "reason": "no", "edit.amount_usd": "1.00"},
+                mail.link,
+                400,
+                "Edits go with an approval, not a rejection.",
+            ),
+            (
+                {"csrf": links.csrf_token(forged, keys, "k1"), "verdict": "approve"},
+                mail.link.replace(mail.link.rsplit("/", 1)[1], forged),
+                403,
+                "Link not valid",
+            ),
+        ]
+        for data, link, status, text in refusals:
+            reply, calls = post(data, link=link)
+            assert (reply.status_code, calls) == (status, 1), (text, reply.status_code, calls)
+            assert text in reply.text, reply.text
+
+        # The decision: one call; the same form again is the same answer (one decision); another
+        # form afterwards learns it came too late.
+        decided, calls = post({"csrf": csrf, "verdict": "approve"})
+        assert (decided.status_code, calls) == (200, 1), decided.text
+        again, calls = post({"csrf": csrf, "verdict": "approve"})
+        assert (again.status_code, calls) == (200, 1), again.text
+        late, calls = post({"csrf": csrf, "verdict": "reject", "reason": "too late"})
+        assert (late.status_code, calls) == (409, 1), late.text
+        assert "finance@example.com" in late.text
+    assert ingress.wait_output(run_id).json()["actions"][0]["outcome"] == "approved"
+
+
+def test_a_post_before_the_record_is_saved_waits_for_it_and_says_try_again(
+    app_server: AppServer, ingress: Ingress, run_id: str
+) -> None:
+    """An authentic link and form for an approval whose workflow has not saved its record: `submit`
+    decides nothing, the page waits for the record with reads, then answers 503."""
+    unsaved = _unsaved(run_id)
+    keys = deployment_keys(app_server)
+    token = links.mint(unsaved, 0, keys, "k1")
+    reply = httpx.post(
+        f"{app_server.url}/approvals/{token}",
+        data={"csrf": links.csrf_token(token, keys, "k1"), "verdict": "approve"},
+        headers={"Origin": app_server.url},
+        timeout=30,
+    )
+    assert reply.status_code == 503 and "still being set up" in reply.text, reply.text
+    assert audit_entries(ingress, unsaved.approval_id) == []
+
+
+def _unsaved(run_id: str) -> ApprovalRecord:
+    return ApprovalRecord.model_validate(
         {
             "approval_id": f"{run_id}-a0",
             "run_id": run_id,
@@ -176,13 +275,29 @@ def test_the_setup_wait_records_nothing_and_says_try_again(
             "deadline": time.time() + 3600,
         }
     )
-    token = links.mint(unsaved, 0, {"k1": b"y" * 32}, "k1")
-    for method in ("GET", "HEAD"):
-        page = httpx.request(method, f"{app_server.url}/approvals/{token}", timeout=30)
-        assert page.status_code == 503, (method, page.status_code)
-    assert "still being set up" in httpx.get(f"{app_server.url}/approvals/{token}", timeout=30).text
-    assert audit_entries(ingress, unsaved.approval_id) == []
 
 
-def _origin(mail: ApprovalEmail) -> dict[str, str]:
-    return {"Origin": "/".join(mail.link.split("/", 3)[:3])}
+def test_a_submission_through_the_ingress_verifies_the_link_itself(
+    app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    """`Approval.submit` is reachable through the ingress without the page: a token that is not a
+    link is a 4xx, and one that is not authentic for this approval decides nothing."""
+    mail, approval = waiting_approval(ingress, outbox_dir, demo_db, run_id)
+    record = saved_record(ingress, approval)
+    not_a_link = {"token": "not-a-valid-token-at-all", "verdict": "approve"}
+    malformed = ingress.call("Approval", approval, "submit", not_a_link)
+    assert 400 <= malformed.status_code < 500, malformed.text
+    forged = links.mint(record, 0, {"k1": b"not the deployment's key, 32 bytes"}, "k1")
+    elsewhere = links.mint(record.model_copy(update={"index": 7}), 0, deployment_keys(app_server), "k1")
+    for token in (forged, elsewhere):
+        answer = ingress.call("Approval", approval, "submit", {"token": token, "verdict": "approve"})
+        assert answer.status_code == 200, answer.text
+        submitted = Submitted.model_validate_json(answer.content)
+        assert submitted.receipt is None and submitted.refused is not None
+        assert (submitted.refused.status, submitted.refused.title) == (403, "Link not valid")
+    assert saved_record(ingress, approval).state == "pending" and not saved_record(ingress, approval).votes
+    # The real link still decides (nothing above took the slot).
+    real = ingress.call("Approval", approval, "submit", {"token": mail.link.rsplit("/", 1)[1], "verdict": "approve"})
+    receipt = Submitted.model_validate_json(real.content).receipt
+    assert receipt is not None and receipt.accepted and receipt.state == "approved", real.text
+    assert ingress.wait_output(run_id).json()["actions"][0]["outcome"] == "approved"

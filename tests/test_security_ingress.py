@@ -306,7 +306,7 @@ def test_public_handlers_stay_public(app_server: AppServer, restate_server: Rest
     """What the pages, the CLI and the webhook route call through the ingress is still reachable."""
     public = {
         "AgentRun": {"run", "status", "decide", "cancel", "reassign"},
-        "Approval": {"status", "decide", "cancel", "reassign", "viewed", "slack_decide"},
+        "Approval": {"status", "decide", "submit", "cancel", "reassign", "viewed", "slack_decide"},
         "ApprovalInbox": {"pending", "revoke_links"},
         "ApprovalAudit": {"entries"},
         "EmailDelivery": {"log"},

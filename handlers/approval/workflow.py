@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal, Protocol
 
@@ -21,6 +22,7 @@ from pydantic import BaseModel
 from restate import DurablePromise, RunOptions, TerminalError, WorkflowContext, WorkflowSharedContext
 
 from handlers import retention
+from handlers import textdiff as diff
 from handlers.approval import confirm, tally
 from handlers.approval.edits import EditRejected, apply_edits
 from handlers.approval.gate import Act, GateResult, decide_and_act
@@ -36,11 +38,14 @@ from handlers.contract import (
     CancelRequest,
     Decision,
     DecisionReceipt,
+    PageNotice,
+    PageSubmission,
     PageView,
     PendingApproval,
     ReassignReceipt,
     ReassignRequest,
     RunStatus,
+    Submitted,
 )
 from handlers.errors import is_already_completed, is_cancellation
 from handlers.faults import crash_point
@@ -216,6 +221,96 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
     return await settle_slot(
         ctx, record, claims.round, claims.slot, check, decision, edits=decision.edits, via="email", peeked=peeked
     )
+
+
+@approval.handler(name="submit", journal_retention=retention.NO_JOURNAL)
+async def submit(ctx: WorkflowSharedContext, form: PageSubmission) -> Submitted:
+    """An approval page's POST in one invocation: the approval's status, and its decision made with
+    `decide`'s own checks (the link re-verified here, the first completion wins), or why it was not
+    made (the refusal page to show), or what the page does itself (`Submitted.takeover`). The page
+    checked the request's origin, CSRF value and size before calling; the order of the checks here
+    is the page's: the link, then the form (verdict, reason, edits to review), then the decision."""
+    try:
+        links.parse(form.token)
+    except LinkInvalid as exc:  # not a link at all (the page never sends one): bad input, a 400
+        raise TerminalError(exc.reason, exc.status) from None
+    answer = await run_status(ctx, ctx.key())
+    if answer.phase == "unknown":
+        # Not saved yet (the email goes out just before), or never: the page waits for the record
+        # with reads, as for a GET; nothing is verified, nothing decided.
+        return Submitted(status=answer, takeover="unknown")
+    try:
+        claims, record = await _linked(ctx, form.token)
+    except TerminalError as exc:
+        return Submitted(status=answer, refused=_link_refusal(exc))
+    if len(record.batch) > 1:
+        # The batch page checks the link and decides item by item, each through `decide`.
+        return Submitted(status=answer, takeover="batch")
+    promise = ctx.promise(slot_promise(record.approval_id, claims.round, claims.slot), type_hint=Verdict)
+    peeked = promise.peek()  # as in `decide`: asked alongside the link check, read once it passed
+    try:
+        check = await _verified(ctx, form.token, record)
+    except TerminalError as exc:
+        return Submitted(status=answer, refused=_link_refusal(exc))
+    verdict: Literal["approve", "reject"]
+    match form.verdict:
+        case "approve":
+            verdict = "approve"
+        case "reject":
+            verdict = "reject"
+        case _:
+            return Submitted(status=answer, refused=PageNotice(status=400, title="Choose a verdict", text=_PRESS))
+    reason = form.reason.strip()
+    if verdict == "reject" and not reason:
+        return Submitted(status=answer, refused=PageNotice(status=400, title="Reason required", text=_WHY))
+    if len(reason) > 2000:
+        return Submitted(status=answer, refused=PageNotice(status=400, title="Reason too long", text=_SHORTER))
+    edits = {k: diff.normalized(v).strip() for k, v in form.edits.items() if k in record.editable}
+    read = {"verdict": verdict, "reason": reason, "edits": edits, "confirm": form.confirm}
+    # A long text changed: the approver sees the diff first; only the review's own form, carrying
+    # the fingerprint of exactly these edits, decides.
+    if verdict == "approve" and diff.changes(record.args, edits) and form.reviewed != diff.marker(edits):
+        # Only edits that would be accepted are shown for review; others are refused here, as the
+        # decision would refuse them, before a person spends time on a diff of them.
+        tool = default_registry().get(record.tool)
+        try:
+            if tool is None:
+                raise EditRejected("This action cannot be edited.")
+            apply_edits(tool, record.args, {k: v for k, v in edits.items() if str(record.args.get(k)) != v})
+        except EditRejected as exc:
+            notice = PageNotice(status=400, title="Not decided", text=f"{exc} Nothing was decided.")
+            return Submitted(status=answer, refused=notice)
+        return Submitted.model_validate({"status": answer, "takeover": "review", **read})
+    decision = _PageDecision(verdict=verdict, reason=reason, confirm=form.confirm, client=form.client)
+    # Its refusals (a replaced or expired link, edits or a confirmation that do not fit) are 4xx
+    # errors, as `decide`'s are: the page shows them as "Not decided".
+    receipt = await settle_slot(
+        ctx, record, claims.round, claims.slot, check, decision, edits=edits, via="email", peeked=peeked
+    )
+    return Submitted.model_validate({"status": answer, "receipt": receipt, **read})
+
+
+_PRESS = "Press Approve or Reject."
+_WHY = "Say why you reject, so the agent can act on it. Nothing was decided."
+_SHORTER = "Keep the reason under 2000 characters. Nothing was decided."
+
+
+@dataclass(frozen=True)
+class _PageDecision:
+    """A page's verdict as `settle_slot` takes it (a `SlotDecision`)."""
+
+    verdict: Literal["approve", "reject"]
+    reason: str
+    confirm: str
+    client: str
+
+
+def _link_refusal(exc: TerminalError) -> PageNotice:
+    """The page for a link that does not verify, as a page that checked it itself shows it."""
+    if is_cancellation(exc) or exc.status_code >= 500:
+        raise exc
+    title = "Link expired" if exc.status_code == 410 else "Link not valid"
+    return PageNotice(status=exc.status_code, title=title, text=exc.message)
 
 
 async def settle_slot(

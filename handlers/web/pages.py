@@ -1,9 +1,10 @@
 """The approval pages: `GET`/`HEAD /approvals/{token}` show, only `POST` decides.
 
 Guarantee: GET and HEAD never change decision state, whoever sends them; a POST decides only with a
-valid link, a CSRF value bound to that link, a same-origin request and an explicit verdict, and is
-forwarded to `Approval.decide` (which verifies the link again). Every failure is a 4xx/503 page
-that says what happened; no stack trace, no token, ever reaches a response or a log.
+valid link, a CSRF value bound to that link, a same-origin request and an explicit verdict. The page
+checks the origin, the CSRF value and the form before any call, then hands a single approval's POST to
+`Approval.submit` (which verifies the link itself and decides with `decide`'s rules), one invocation.
+Every failure is a 4xx/503 page that says what happened; no stack trace, no token, ever reaches a response or a log.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Literal
 from urllib.parse import parse_qsl, urlsplit
 
 from starlette.datastructures import FormData
@@ -23,13 +23,11 @@ from starlette.routing import Route
 
 from handlers import textdiff as diff
 from handlers.approval import confirm
-from handlers.approval.edits import EditRejected, apply_edits
 from handlers.approval.plan import step_text
-from handlers.contract import ActionRecord, ApprovalRecord, Decision, DecisionReceipt, Plan, RunStatus
+from handlers.contract import ActionRecord, ApprovalRecord, DecisionReceipt, PageSubmission, Plan, RunStatus
 from handlers.security import links
 from handlers.security.links import LinkInvalid
 from handlers.settings import Settings
-from handlers.tools import default_registry
 from handlers.web import batch, wording
 from handlers.web.runs_client import RunCallFailed, RunsClient
 from handlers.web.views import notice, page
@@ -59,10 +57,12 @@ class ApprovalPages:
     async def dispatch(self, request: Request) -> Response:
         token = request.path_params["token"]
         runs: RunsClient = request.app.state.runs
+        if request.method == "POST":
+            return await self._submit(request, runs, token)
         try:
             claims = links.parse(token)
-            # A GET reads the approval and records its view in one `Approval` invocation; HEAD and
-            # POST only read (a HEAD is no view, and a POST's decision is audited on its own).
+            # A GET reads the approval and records its view in one `Approval` invocation; HEAD only
+            # reads (a HEAD is no view).
             main: StatusCall = runs.status
             if request.method == "GET":
                 main = functools.partial(runs.viewed, token=token, client=request.headers.get("user-agent", ""))
@@ -72,7 +72,7 @@ class ApprovalPages:
             status, record = loaded
             claims, link_state = links.check(token, record, self.settings.approvals_signing_keys, time.time())
         except LinkInvalid as exc:
-            return notice(exc.status, "Link expired" if exc.status == 410 else "Link not valid", exc.reason)
+            return _link_notice(exc)
         except RunCallFailed as exc:
             return notice(exc.status, "Try again", exc.message)
 
@@ -82,9 +82,7 @@ class ApprovalPages:
             # from a replaced round (or past its expiry) must end here, as it does on a single page.
             if (stale := self._stale(record, claims.slot, link_state, "actions not decided by then were")) is not None:
                 return stale
-            return await self._batch(request, runs, token, status, record, approver, claims.round)
-        if request.method == "POST":
-            return await self._post(request, runs, token, record)
+            return batch.render(self.settings, token, status, record, approver, claims.round)
         if record.state != "pending":
             return self._decided(200, record, action=wording.action_of(status.history, record))
         if claims.slot in {v.slot for v in record.votes if v.round == record.round}:
@@ -133,23 +131,109 @@ class ApprovalPages:
             return notice(410, "Link expired", f"This link has expired; {what} not approved.")
         return None
 
-    async def _batch(
+    async def _submit(self, request: Request, runs: RunsClient, token: str) -> Response:
+        """A POST: the link's form, once, and its decision. A single approval's POST is one
+        `Approval.submit` invocation whether it decides or refuses; a batch (or an approval whose
+        record is not saved yet) takes the reads it needs, and each item is decided by `decide`."""
+        try:
+            claims = links.parse(token)
+        except LinkInvalid as exc:
+            return _link_notice(exc)
+        form = await self._check_post(request, token)  # before any call: a refused form costs none
+        if isinstance(form, Response):
+            return form
+        client = request.headers.get("user-agent", "")[:300]
+        submission = PageSubmission(
+            token=token,
+            verdict=str(form.get("verdict", ""))[:20],
+            reason=str(form.get("reason", "")),
+            # Later values of a repeated field win, as a dict of the form's fields always did.
+            edits={k.removeprefix("edit."): str(v) for k, v in form.multi_items() if k.startswith("edit.")},
+            confirm=str(form.get("confirm", ""))[:200],
+            client=client,
+            reviewed=str(form.get("reviewed", ""))[:100],
+        )
+        # The same form sent twice (a double click, a retried request) is one decision, and both
+        # are told it was theirs.
+        key = links.token_fingerprint(f"{token}|{submission.model_dump_json(exclude={'client'})}")
+        wanted = links.approval_id(claims.run_id, claims.index)
+        try:
+            submitted = await runs.submit(wanted, submission, key)
+        except RunCallFailed as exc:
+            return _not_decided(exc)
+        if submitted.takeover == "unknown":
+            # Not saved yet: wait for the record with reads, as a GET does (503 or 410 if it does not
+            # come), then submit again; under a key of its own, since Restate keeps the first answer
+            # for the first key.
+            try:
+                await _approval_status(runs.status, wanted, claims.exp)
+            except LinkInvalid as exc:
+                return _link_notice(exc)
+            except RunCallFailed as exc:
+                return notice(exc.status, "Try again", exc.message)
+            try:
+                submitted = await runs.submit(wanted, submission, links.token_fingerprint(f"{key}|saved"))
+            except RunCallFailed as exc:
+                return _not_decided(exc)
+            if submitted.takeover == "unknown":  # read by `status`, yet not by `submit`: nothing decided
+                return notice(503, "Try again", "This approval is still being set up. Please try again in a minute.")
+        record = next((r for r in submitted.status.approvals if r.approval_id == wanted), None)
+        if submitted.refused is not None:
+            return notice(submitted.refused.status, submitted.refused.title, submitted.refused.text)
+        if submitted.takeover == "batch" and record is not None:
+            return await self._batch_post(runs, token, submitted.status, record, form, client)
+        if submitted.takeover == "review" and record is not None:
+            return page(
+                "review.html",
+                record=record,
+                changes=diff.changes(record.args, submitted.edits),
+                edits=submitted.edits,
+                csrf=str(form.get("csrf", "")),
+                marker=diff.marker(submitted.edits),
+                confirm=submitted.confirm,
+                reason=submitted.reason,
+                back=f"{self.settings.approvals_public_url}/approvals/{token}",
+            )
+        receipt = submitted.receipt
+        if record is None or receipt is None:  # not an answer `submit` gives: decide nothing, say so
+            log.error("Approval.submit answered without a record or a receipt")
+            return notice(503, "Not confirmed", "The approval service gave no answer.", hint=wording.UNCONFIRMED_HINT)
+        if not receipt.accepted:
+            return self._decided(409, record, receipt, attempted=submitted.verdict)
+        return page(
+            "decided.html",
+            200,
+            record=record,
+            receipt=receipt,
+            approved=receipt.state.startswith("approved"),
+            when=wording.moment(receipt.decided_at) if receipt.decided_at is not None else None,
+            edits=receipt.edits or {},
+            next_steps=wording.next_steps(receipt.state, record.tool, record.digest[:12], quorum=receipt.quorum),
+        )
+
+    async def _batch_post(
         self,
-        request: Request,
         runs: RunsClient,
         token: str,
         status: RunStatus,
         record: ApprovalRecord,
-        approver: str,
-        link_round: int,
+        form: FormData,
+        client: str,
     ) -> Response:
-        if request.method != "POST":
-            return batch.render(self.settings, token, status, record, approver, link_round)
-        refusal = await self._check_post(request, token)
-        if isinstance(refusal, Response):
-            return refusal
-        client = request.headers.get("user-agent", "")[:300]
-        return await batch.decide_items(self.settings, runs, status, record, approver, link_round, refusal, client)
+        """A batch page's POST, from the status `submit` answered: the other items are read beside
+        it, the link is checked as for a batch's GET, then each chosen item is decided."""
+        try:
+            parsed = links.parse(token)
+            status = await _with_batch(runs, status, record, parsed.run_id, parsed.index, parsed.exp)
+            claims, link_state = links.check(token, record, self.settings.approvals_signing_keys, time.time())
+        except LinkInvalid as exc:
+            return _link_notice(exc)
+        except RunCallFailed as exc:
+            return notice(exc.status, "Try again", exc.message)
+        if (stale := self._stale(record, claims.slot, link_state, "actions not decided by then were")) is not None:
+            return stale
+        approver = record.approvers[claims.slot]
+        return await batch.decide_items(self.settings, runs, status, record, approver, claims.round, form, client)
 
     async def _check_post(self, request: Request, token: str) -> FormData | Response:
         """The form of a same-origin POST carrying this link's CSRF value, or the refusal page."""
@@ -171,92 +255,9 @@ class ApprovalPages:
         wanted = links.approval_id(run_id, index)
         status = await _approval_status(main, wanted, expires)
         record = next((r for r in status.approvals if r.approval_id == wanted), None)
-        if record is None or not record.batch:
-            return (status, record) if record is not None else None
-        approvals, history = list(status.approvals), list(status.history)
-        for other in record.batch:
-            if other != index:
-                item = await _approval_status(runs.status, links.approval_id(run_id, other), expires)
-                approvals += item.approvals
-                history += item.history
-        return status.model_copy(update={"approvals": approvals, "history": history}), record
-
-    async def _post(self, request: Request, runs: RunsClient, token: str, record: ApprovalRecord) -> Response:
-        form = await self._check_post(request, token)
-        if isinstance(form, Response):
-            return form
-        verdict: Literal["approve", "reject"]
-        match form.get("verdict"):
-            case "approve":
-                verdict = "approve"
-            case "reject":
-                verdict = "reject"
-            case _:
-                return notice(400, "Choose a verdict", "Press Approve or Reject.")
-        reason = str(form.get("reason", "")).strip()
-        if verdict == "reject" and not reason:
-            return notice(
-                400, "Reason required", "Say why you reject, so the agent can act on it. Nothing was decided."
-            )
-        if len(reason) > 2000:
-            return notice(400, "Reason too long", "Keep the reason under 2000 characters. Nothing was decided.")
-        edits = {
-            k.removeprefix("edit."): diff.normalized(str(v)).strip()
-            for k, v in form.multi_items()
-            if k.startswith("edit.") and k.removeprefix("edit.") in record.editable
-        }
-        confirm_typed = str(form.get("confirm", ""))[:200]
-        changes = diff.changes(record.args, edits) if verdict == "approve" else []
-        # A long text changed: the approver sees the diff first; only the review's own form,
-        # carrying the fingerprint of exactly these edits, decides.
-        if changes and form.get("reviewed") != diff.marker(edits):
-            # Only edits that would be accepted are shown for review; others are refused here, as
-            # `decide` would refuse them, before a person spends time on a diff of them.
-            tool = default_registry().get(record.tool)
-            try:
-                if tool is None:
-                    raise EditRejected("This action cannot be edited.")
-                apply_edits(tool, record.args, {k: v for k, v in edits.items() if str(record.args.get(k)) != v})
-            except EditRejected as exc:
-                return notice(400, "Not decided", f"{exc} Nothing was decided.")
-            return page(
-                "review.html",
-                record=record,
-                changes=changes,
-                edits=edits,
-                csrf=str(form.get("csrf", "")),
-                marker=diff.marker(edits),
-                confirm=confirm_typed,
-                reason=reason,
-                back=f"{self.settings.approvals_public_url}/approvals/{token}",
-            )
-        decision = Decision(
-            token=token,
-            verdict=verdict,
-            reason=reason,
-            edits=edits,
-            confirm=confirm_typed,
-            client=request.headers.get("user-agent", "")[:300],
-        )
-        key = links.token_fingerprint(f"{token}|{decision.model_dump_json(exclude={'client'})}")
-        try:
-            receipt = await runs.decide(record.approval_id, decision, key)
-        except RunCallFailed as exc:
-            if exc.status >= 500:  # the call may or may not have reached the workflow: claim neither
-                return notice(exc.status, "Not confirmed", exc.message, hint=wording.UNCONFIRMED_HINT)
-            return notice(exc.status, "Not decided", exc.message)
-        if not receipt.accepted:
-            return self._decided(409, record, receipt, attempted=verdict)
-        return page(
-            "decided.html",
-            200,
-            record=record,
-            receipt=receipt,
-            approved=receipt.state.startswith("approved"),
-            when=wording.moment(receipt.decided_at) if receipt.decided_at is not None else None,
-            edits=receipt.edits or {},
-            next_steps=wording.next_steps(receipt.state, record.tool, record.digest[:12], quorum=receipt.quorum),
-        )
+        if record is None:
+            return None
+        return await _with_batch(runs, status, record, run_id, index, expires), record
 
     def _decided(
         self,
@@ -305,6 +306,34 @@ class ApprovalPages:
         except ValueError:  # invalid UTF-8 (raw or percent-encoded), or too many fields
             return None
         return FormData([(name, value) for name, value in fields])
+
+
+async def _with_batch(
+    runs: RunsClient, status: RunStatus, record: ApprovalRecord, run_id: str, index: int, expires: int
+) -> RunStatus:
+    """`status` (of the approval at `index`, `record`) with the other items of its batch beside it,
+    each read from its own workflow."""
+    if not record.batch:
+        return status
+    approvals, history = list(status.approvals), list(status.history)
+    for other in record.batch:
+        if other != index:
+            item = await _approval_status(runs.status, links.approval_id(run_id, other), expires)
+            approvals += item.approvals
+            history += item.history
+    return status.model_copy(update={"approvals": approvals, "history": history})
+
+
+def _link_notice(exc: LinkInvalid) -> Response:
+    return notice(exc.status, "Link expired" if exc.status == 410 else "Link not valid", exc.reason)
+
+
+def _not_decided(exc: RunCallFailed) -> Response:
+    """A failed `submit`: its own refusal (4xx, nothing decided), or a 5xx, which may come after the
+    decision was recorded (the answer was lost): claim neither."""
+    if exc.status >= 500:
+        return notice(exc.status, "Not confirmed", exc.message, hint=wording.UNCONFIRMED_HINT)
+    return notice(exc.status, "Not decided", exc.message)
 
 
 async def _approval_status(call: StatusCall, approval_id: str, expires: int) -> RunStatus:

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager, contextmanager
 import httpx
 import restate
 
-from handlers.contract import Decision, DecisionReceipt, PageView, RunStatus
+from handlers.contract import Decision, DecisionReceipt, PageSubmission, PageView, RunStatus, Submitted
 from handlers.objects.inbox import InboxView
 from handlers.security.codec import JournalValueUnreadable
 
@@ -42,6 +42,12 @@ class RunsClient:
     async def decide(self, approval_id: str, decision: Decision, idempotency_key: str) -> DecisionReceipt:
         raw = await self._call("decide", approval_id, decision.model_dump_json().encode(), idempotency_key)
         return DecisionReceipt.model_validate_json(raw)
+
+    async def submit(self, approval_id: str, submission: PageSubmission, idempotency_key: str) -> Submitted:
+        """An approval page's POST, handed to `Approval.submit`: the status and the decision (or why
+        none was made) in one invocation, where a status read and `decide` were two."""
+        raw = await self._call("submit", approval_id, submission.model_dump_json().encode(), idempotency_key)
+        return Submitted.model_validate_json(raw)
 
     async def inbox(self, approver: str) -> InboxView:
         return InboxView.model_validate_json(await self._call("pending", approver, None, None, service="ApprovalInbox"))
