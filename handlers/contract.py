@@ -438,13 +438,15 @@ class PageNotice(BaseModel):
 
 
 class Submitted(BaseModel):
-    """Output of `Approval.submit`: the approval's status (what `status` answers) and what became of
-    the POST. `receipt`: it decided (or learnt who did first, `accepted` false). Otherwise `refused`
-    says why nothing was decided, or `takeover` what the page does itself: `unknown` (the workflow
-    has not saved its record yet: the page waits for it), `batch` (the batch page decides each item),
-    `review` (a long text was edited: the page shows the diff of `edits` for review first)."""
+    """Output of `Approval.submit`: the approval's record (None when the link did not name it) and
+    what became of the POST. `receipt`: it decided (or learnt who did first, `accepted` false).
+    Otherwise `refused` says why nothing was decided, or `takeover` what the page does itself:
+    `unknown` (the workflow has not saved its record yet: the page waits for it), `batch` (the batch
+    page reads its items afresh and decides each), `review` (a long text was edited: the page shows
+    the diff of `edits` for review first). Restate keeps this answer under the POST's idempotency
+    key for a day: nothing authorises on it later."""
 
-    status: RunStatus
+    record: ApprovalRecord | None = None
     receipt: DecisionReceipt | None = None
     refused: PageNotice | None = None
     takeover: Literal["unknown", "batch", "review"] | None = None

@@ -51,12 +51,24 @@ def test_ready_streams_raise_what_hypercorn_catches() -> None:
     with pytest.raises(DuplicateStreamError):
         streams.insert_stream(1)
     streams.reprioritize(1, weight=1)
-    for call in (streams.block, streams.unblock, streams.remove_stream, streams.reprioritize):
+    for call in (streams.block, streams.unblock, streams.remove_stream):
         with pytest.raises(MissingStreamError):
             call(7)
     streams.remove_stream(1)
     with pytest.raises(MissingStreamError):
         streams.remove_stream(1)
+
+
+def test_priority_frames_for_streams_not_opened_are_not_kept() -> None:
+    """hypercorn inserts a stream on MissingStreamError from `reprioritize`: raising it would let a
+    client park any number of ids on a connection with PRIORITY frames alone."""
+    streams = ReadyStreams()
+    for stream_id in range(1, 20_001, 2):
+        streams.reprioritize(stream_id, depends_on=0, weight=32)
+    with pytest.raises(DeadlockError):
+        next(streams)
+    streams.insert_stream(1)  # its HEADERS then open it as usual
+    assert next(streams) == 1
 
 
 @pytest.fixture()

@@ -159,3 +159,27 @@ def test_a_gated_calls_facts_are_read_in_the_model_turns_own_step(
     assert "model turn 1" in steps and not [s for s in steps if s and s.startswith("context")]
     ingress.call("AgentRun", run_id, "cancel", {"reason": "done looking"})
     assert ingress.attach(run_id).json()["status"] == "cancelled"
+
+
+def test_facts_are_read_after_the_calls_of_the_turn_that_ran_alone(
+    app_server: AppServer,
+    ingress: Ingress,
+    restate_server: RestateServer,
+    demo_db: Path,
+    run_id: str,
+) -> None:
+    """One turn: a small refund that runs alone, then a large one that is gated. The approver's facts
+    are read after the small one ran (in a step of their own), so they show it."""
+    order = new_order(demo_db, 90000)
+    small = {"tool": "issue_refund", "args": {"order_id": order, "amount_usd": "100.00", "reason": "late"}}
+    large = {"tool": "issue_refund", "args": {"order_id": order, "amount_usd": "700.00", "reason": "late"}}
+    task = {"goal": f"Refund order {order}", "requester": "alice@example.com", "script": [{**small, "also": [large]}]}
+    ingress.start_run(run_id, task)
+    status = waiting(ingress, run_id)
+    [record] = [a for a in status["approvals"] if a["state"] == "pending"]
+    assert {"label": "Already refunded", "value": "$100.00"} in record["context"]
+    [run] = [r for r in restate_server.invocation_statuses("AgentRun", run_id) if r["target_handler_name"] == "run"]
+    steps = [row.get("name") for row in restate_server.sql(f"select name from sys_journal where id = '{run['id']}'")]
+    assert "context issue_refund #1" in steps
+    ingress.call("AgentRun", run_id, "cancel", {"reason": "done"})
+    assert ingress.attach(run_id).json()["status"] == "cancelled"

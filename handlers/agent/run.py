@@ -215,13 +215,20 @@ def _model_turn(
         raise
 
 
-async def _turn_step(run_id: str, base: int, task: AgentTask, **turn: Any) -> Turn:
+async def _turn_step(run_id: str, base: int, planned: bool, task: AgentTask, **turn: Any) -> Turn:
     """The body of a model turn's journaled step: the turn (in a thread: the model clients block),
-    then, on the event loop where a tool's async functions run, the facts of each call the policy
-    gates. Call `i` of the reply gets index `base + i`."""
+    then, on the event loop where a tool's async functions run, the facts of the calls the policy
+    gates (see `read_gated_facts`; `planned`: the run has an approved plan). Call `i` of the reply
+    gets index `base + i`."""
     taken = await asyncio.to_thread(_model_turn, task=task, **turn)
     await read_gated_facts(
-        taken.reply.tool_calls, taken.policies, run_id=run_id, base=base, tenant=task.tenant, requester=task.requester
+        taken.reply.tool_calls,
+        taken.policies,
+        run_id=run_id,
+        base=base,
+        tenant=task.tenant,
+        requester=task.requester,
+        planned=planned,
     )
     return taken
 
@@ -299,6 +306,7 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
                 _model_retries(),
                 run_id=book.state.run_id,
                 base=len(book.state.actions),
+                planned=plan is not None,
                 model_id=model_id,
                 task=task,
                 transcript=transcript,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from handlers.approval.calls import GatedCall, approve_and_act, run_alone
 from handlers.approval.plan import ApprovedPlan, route_call
@@ -39,8 +39,8 @@ class PolicyAnswer(BaseModel):
     verdict: PolicyVerdict | None = None
     opening: Opening | None = None
     problem: str | None = None
-    context: ActionContext = Field(default_factory=ActionContext)
-    """A gated call's facts for the approver, read in the same step."""
+    context: ActionContext | None = None
+    """A gated call's facts for the approver, when read in the same step (see `read_gated_facts`)."""
 
 
 def ask_policy(
@@ -53,11 +53,22 @@ def ask_policy(
 
 
 async def read_gated_facts(
-    calls: list[ToolCall], answers: list[PolicyAnswer | None], *, run_id: str, base: int, tenant: str, requester: str
+    calls: list[ToolCall],
+    answers: list[PolicyAnswer | None],
+    *,
+    run_id: str,
+    base: int,
+    tenant: str,
+    requester: str,
+    planned: bool,
 ) -> None:
     """Give each call the policy gates its tool's facts (`answers` in place), inside the model turn's
-    step: the facts then cost no round trip of their own before the request email. Call `i` has
-    index `base + i`, as in `handle_turn`."""
+    step: the facts then cost no round trip of their own before the request email. Not when some
+    call of the turn runs before its approvals are asked (one that runs alone, or any under the run's
+    approved plan, `planned`): it may change what the facts say, so they are read after it, when the
+    approvals are frozen. Call `i` has index `base + i`, as in `handle_turn`."""
+    if planned or any(a is not None and a.verdict is not None and a.opening is None for a in answers):
+        return
     for position, (call, answer) in enumerate(zip(calls, answers, strict=True)):
         tool = default_registry().get(call.name)
         if answer is None or answer.opening is None or tool is None:

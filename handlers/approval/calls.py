@@ -49,7 +49,7 @@ from handlers.objects.audit import append as audit_append
 from handlers.security import links
 from handlers.tools import default_registry
 from handlers.tools.checkpoints import results_of
-from handlers.tools.context import ActionContext, read_facts
+from handlers.tools.context import ActionContext, read_context, read_facts
 from handlers.tools.execute import idempotency_key, run_tool
 from handlers.tools.policy import PolicyError, PolicyVerdict, evaluate
 from handlers.tools.registry import Tool, validation_message
@@ -88,8 +88,9 @@ class _Asked(BaseModel):
     failed: bool = False
     """The call was valid but its policy could not be resolved (`failed`, not `invalid`)."""
     confidence: float | None = None
-    context: ActionContext = Field(default_factory=ActionContext)
-    """The tool's facts for the approver, read when the policy gated the call."""
+    context: ActionContext | None = None
+    """The tool's facts for the approver, read in this step when the policy gated the call (None:
+    not read here, under an approved plan: then they are read when the approval is frozen)."""
 
 
 _POLICY_STEP = RunOptions[Any](
@@ -139,12 +140,13 @@ async def _ask_and_read(
     index: int,
     confidence: float | None = None,
     results: dict[str, Any] | None = None,
+    facts: bool = True,
 ) -> _Asked:
     """The body of the policy step: the policy's answer (in a thread: an approver callable may
-    block), then, for a gated call, the tool's facts on the event loop, where a tool's async
-    functions run; in this step, they cost no round trip of their own before the email."""
+    block), then, for a gated call and with `facts`, the tool's facts on the event loop, where a
+    tool's async functions run; in this step, they cost no round trip of their own before the email."""
     asked = await asyncio.to_thread(_ask, tool_name, raw, requester, tenant, confidence, results)
-    if asked.opening is not None:
+    if asked.opening is not None and facts:
         asked.context = await read_facts(
             tool_name, asked.args, index, run_id=run_id, tenant=tenant, requester=requester
         )
@@ -183,6 +185,7 @@ async def _open(
     index: int | None,
     confidence: float | None = None,
     results: Mapping[str, Any] | Sequence[ActionRecord] | None = None,
+    facts: bool = True,
 ) -> tuple[str, int, str, _Asked]:
     _check_people(requester, tenant)
     name = tool if isinstance(tool, str) else tool.name
@@ -200,6 +203,7 @@ async def _open(
         index=at,
         confidence=confidence,
         results=earlier,
+        facts=facts,
     )
     return where, at, name, asked
 
@@ -218,6 +222,11 @@ async def _approval(
     assert asked.verdict is not None and asked.opening is not None
     tool = default_registry().get(name)
     assert tool is not None
+    context = asked.context
+    if context is None:  # not read in the policy step (see handlers.tools.context)
+        context = await read_context(
+            ctx, name, asked.args, index, run_id=facts.run_id, tenant=facts.tenant, requester=facts.requester
+        )
     record = freeze(
         facts,
         tool,
@@ -227,7 +236,7 @@ async def _approval(
         asked.summary,
         asked.verdict,
         asked.opening,
-        context=asked.context,
+        context=context,
         trail=trail_of(trail),
         confidence=asked.confidence,
     )
@@ -333,7 +342,10 @@ async def gated_call(
     as without a plan, and not counted); a gated call outside it is a
     deviation, asked again (the email and page say how it deviates) or refused, as the plan says.
     `confidence` and `results` feed the policy's checkpoints, as for `request_approval`."""
-    where, at, name, asked = await _open(ctx, tool, args, requester, tenant, run_id, index, confidence, results)
+    # Under a plan a gated call may run at once (inside it): its facts are read only if it is asked.
+    where, at, name, asked = await _open(
+        ctx, tool, args, requester, tenant, run_id, index, confidence, results, facts=plan is None
+    )
     if asked.error is not None:
         outcome = Outcome.FAILED if asked.failed else Outcome.INVALID
         return ActionRecord(
@@ -451,8 +463,8 @@ class GatedCall(BaseModel):
     deviation: str | None = None
     """How the call departs from the run's approved plan (shown to the approver)."""
     confidence: float | None = None
-    context: ActionContext = Field(default_factory=ActionContext)
-    """The tool's facts, read in the model turn's step."""
+    context: ActionContext | None = None
+    """The tool's facts, if read in the model turn's step (else read here, when it is frozen)."""
 
 
 async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateResult]:
@@ -469,6 +481,17 @@ async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateRes
         tool = default_registry().get(call.tool)
         assert tool is not None  # the turn validated every gated call against the loaded tools
         opening = Opening(nonce=call.opening.nonce, now=now)
+        context = call.context
+        if context is None:  # not read in the turn's step (see handlers.tools.context)
+            context = await read_context(
+                book.ctx,
+                call.tool,
+                call.args,
+                call.index,
+                run_id=state.run_id,
+                tenant=state.tenant,
+                requester=state.requester,
+            )
         records.append(
             freeze(
                 state,
@@ -480,7 +503,7 @@ async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateRes
                 call.verdict,
                 opening,
                 batch,
-                context=call.context,
+                context=context,
                 trail=trail,
                 confidence=call.confidence,
             )

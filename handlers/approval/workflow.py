@@ -234,24 +234,23 @@ async def submit(ctx: WorkflowSharedContext, form: PageSubmission) -> Submitted:
         links.parse(form.token)
     except LinkInvalid as exc:  # not a link at all (the page never sends one): bad input, a 400
         raise TerminalError(exc.reason, exc.status) from None
-    answer = await run_status(ctx, ctx.key())
-    if answer.phase == "unknown":
+    if await load_header(ctx) is None:
         # Not saved yet (the email goes out just before), or never: the page waits for the record
         # with reads, as for a GET; nothing is verified, nothing decided.
-        return Submitted(status=answer, takeover="unknown")
+        return Submitted(takeover="unknown")
     try:
         claims, record = await _linked(ctx, form.token)
     except TerminalError as exc:
-        return Submitted(status=answer, refused=_link_refusal(exc))
+        return Submitted(refused=_link_refusal(exc))
     if len(record.batch) > 1:
-        # The batch page checks the link and decides item by item, each through `decide`.
-        return Submitted(status=answer, takeover="batch")
+        # The batch page reads its items afresh, checks the link and decides item by item (`decide`).
+        return Submitted(record=record, takeover="batch")
     promise = ctx.promise(slot_promise(record.approval_id, claims.round, claims.slot), type_hint=Verdict)
     peeked = promise.peek()  # as in `decide`: asked alongside the link check, read once it passed
     try:
         check = await _verified(ctx, form.token, record)
     except TerminalError as exc:
-        return Submitted(status=answer, refused=_link_refusal(exc))
+        return Submitted(record=record, refused=_link_refusal(exc))
     verdict: Literal["approve", "reject"]
     match form.verdict:
         case "approve":
@@ -259,12 +258,12 @@ async def submit(ctx: WorkflowSharedContext, form: PageSubmission) -> Submitted:
         case "reject":
             verdict = "reject"
         case _:
-            return Submitted(status=answer, refused=PageNotice(status=400, title="Choose a verdict", text=_PRESS))
+            return Submitted(record=record, refused=PageNotice(status=400, title="Choose a verdict", text=_PRESS))
     reason = form.reason.strip()
     if verdict == "reject" and not reason:
-        return Submitted(status=answer, refused=PageNotice(status=400, title="Reason required", text=_WHY))
+        return Submitted(record=record, refused=PageNotice(status=400, title="Reason required", text=_WHY))
     if len(reason) > 2000:
-        return Submitted(status=answer, refused=PageNotice(status=400, title="Reason too long", text=_SHORTER))
+        return Submitted(record=record, refused=PageNotice(status=400, title="Reason too long", text=_SHORTER))
     edits = {k: diff.normalized(v).strip() for k, v in form.edits.items() if k in record.editable}
     read = {"verdict": verdict, "reason": reason, "edits": edits, "confirm": form.confirm}
     # A long text changed: the approver sees the diff first; only the review's own form, carrying
@@ -279,15 +278,15 @@ async def submit(ctx: WorkflowSharedContext, form: PageSubmission) -> Submitted:
             apply_edits(tool, record.args, {k: v for k, v in edits.items() if str(record.args.get(k)) != v})
         except EditRejected as exc:
             notice = PageNotice(status=400, title="Not decided", text=f"{exc} Nothing was decided.")
-            return Submitted(status=answer, refused=notice)
-        return Submitted.model_validate({"status": answer, "takeover": "review", **read})
+            return Submitted(record=record, refused=notice)
+        return Submitted.model_validate({"record": record, "takeover": "review", **read})
     decision = _PageDecision(verdict=verdict, reason=reason, confirm=form.confirm, client=form.client)
     # Its refusals (a replaced or expired link, edits or a confirmation that do not fit) are 4xx
     # errors, as `decide`'s are: the page shows them as "Not decided".
     receipt = await settle_slot(
         ctx, record, claims.round, claims.slot, check, decision, edits=edits, via="email", peeked=peeked
     )
-    return Submitted.model_validate({"status": answer, "receipt": receipt, **read})
+    return Submitted.model_validate({"record": record, "receipt": receipt, **read})
 
 
 _PRESS = "Press Approve or Reject."

@@ -26,7 +26,8 @@ from priority.priority import DeadlockError, DuplicateStreamError, MissingStream
 class ReadyStreams:
     """The part of `priority.PriorityTree` that hypercorn uses: streams are inserted, blocked (no
     data to send), unblocked and removed; `next()` gives the unblocked streams in turn and raises
-    `DeadlockError` when none has data. Weights and dependencies are accepted and ignored."""
+    `DeadlockError` when none has data. Weights and dependencies are accepted and ignored, and a
+    PRIORITY frame (`reprioritize`) stores nothing."""
 
     def __init__(self) -> None:
         self._open: set[int] = set()
@@ -44,7 +45,10 @@ class ReadyStreams:
     def reprioritize(
         self, stream_id: int, depends_on: int | None = None, weight: int = 16, exclusive: bool = False
     ) -> None:
-        self._known(stream_id)
+        # Nothing to do, and nothing kept: a PRIORITY frame for a stream not opened yet would have
+        # hypercorn insert it (on MissingStreamError), so any client could make a connection hold
+        # ids without bound.
+        return None
 
     def block(self, stream_id: int) -> None:
         self._known(stream_id)

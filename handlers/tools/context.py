@@ -1,13 +1,16 @@
-"""Facts for the approver: a tool's read-only `context` function, run once when a gated call is frozen.
+"""Facts for the approver: a tool's read-only `context` function, read once per gated call.
 
-Guarantee: the facts are read inside the journaled step that asks the policy about the call (the
-model turn's step for the agent, `ask policy <tool> #<index>` for `gated_call` and
-`request_approval`), so a replay shows the approver exactly what was read the first time, and the
-reading adds no round trip before the request email. The reading never fails the step: a function
-that raises, returns something that is not a mapping, or takes longer than
-TOOL_CONTEXT_TIMEOUT_SECONDS yields no facts and a reason instead ("the facts could not be read"),
-and the approval goes out as it would have without them. Labels and values are bounded in number
-and length; values are plain text (rendered, escaped, by the pages and emails).
+Guarantee: the facts are read in a journaled step, so a replay shows the approver exactly what was
+read the first time. They are read inside the step that asks the policy about the call (the model
+turn's step for the agent, `ask policy <tool> #<index>` for `gated_call` and `request_approval`),
+which costs no round trip before the request email, when nothing else of the caller runs between
+that step and the approval: otherwise (a turn with a call that runs alone before the approvals are
+asked, a call under an approved plan) in a step of their own (`context <tool> #<index>`) right before
+the approval is frozen, after those calls. Never for a call that runs without a person. The reading
+never fails its step: a function that raises, returns something that is not a mapping, or takes
+longer than TOOL_CONTEXT_TIMEOUT_SECONDS yields no facts and a reason instead ("the facts could not
+be read"), and the approval goes out as it would have without them. Labels and values are bounded
+in number and length; values are plain text (rendered, escaped, by the pages and emails).
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field
+from restate import Context, RunOptions, TerminalError
 
 from handlers.contract import Fact
+from handlers.errors import is_cancellation
 from handlers.security.redact import scrub
 from handlers.settings import get_settings
 from handlers.tools import default_registry
@@ -29,6 +35,9 @@ from handlers.tools.registry import Tool
 MAX_FACTS = 12
 MAX_LABEL = 60
 MAX_VALUE = 300
+# The body below catches every failure of the user's function, so a retry could only repeat a
+# failure of our own (serialisation); one more attempt, then the approval goes out without facts.
+_CONTEXT_STEP = RunOptions[Any](max_attempts=2, initial_retry_interval=timedelta(milliseconds=100))
 
 
 class ActionContext(BaseModel):
@@ -83,3 +92,24 @@ async def read_facts(
     if tool is None or tool.context is None:
         return ActionContext()
     return await _read(tool, args, index, run_id, tenant, requester)
+
+
+async def read_context(
+    ctx: Context, tool_name: str, args: dict[str, Any], index: int, *, run_id: str, tenant: str, requester: str
+) -> ActionContext:
+    """The facts as a step of their own, for a call whose policy step did not read them (see the
+    module); nothing for a tool without a `context` function (and then no step at all)."""
+    tool = default_registry().get(tool_name)
+    if tool is None or tool.context is None:
+        return ActionContext()
+
+    async def read() -> ActionContext:
+        return await _read(tool, args, index, run_id, tenant, requester)
+
+    try:
+        result: ActionContext = await ctx.run_typed(f"context {tool_name} #{index}", read, _CONTEXT_STEP)
+    except TerminalError as exc:
+        if is_cancellation(exc):
+            raise
+        return ActionContext(error=f"the step failed: {scrub(exc.message)}")
+    return result

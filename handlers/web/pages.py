@@ -177,11 +177,11 @@ class ApprovalPages:
                 return _not_decided(exc)
             if submitted.takeover == "unknown":  # read by `status`, yet not by `submit`: nothing decided
                 return notice(503, "Try again", "This approval is still being set up. Please try again in a minute.")
-        record = next((r for r in submitted.status.approvals if r.approval_id == wanted), None)
+        record = submitted.record
         if submitted.refused is not None:
             return notice(submitted.refused.status, submitted.refused.title, submitted.refused.text)
-        if submitted.takeover == "batch" and record is not None:
-            return await self._batch_post(runs, token, submitted.status, record, form, client)
+        if submitted.takeover == "batch":
+            return await self._batch_post(runs, token, form, client)
         if submitted.takeover == "review" and record is not None:
             return page(
                 "review.html",
@@ -211,20 +211,16 @@ class ApprovalPages:
             next_steps=wording.next_steps(receipt.state, record.tool, record.digest[:12], quorum=receipt.quorum),
         )
 
-    async def _batch_post(
-        self,
-        runs: RunsClient,
-        token: str,
-        status: RunStatus,
-        record: ApprovalRecord,
-        form: FormData,
-        client: str,
-    ) -> Response:
-        """A batch page's POST, from the status `submit` answered: the other items are read beside
-        it, the link is checked as for a batch's GET, then each chosen item is decided."""
+    async def _batch_post(self, runs: RunsClient, token: str, form: FormData, client: str) -> Response:
+        """A batch page's POST: its items read afresh (what `submit` answered may be a day-old answer
+        that Restate kept under the form's key), the link checked as for a batch's GET, then each
+        chosen item decided."""
         try:
             parsed = links.parse(token)
-            status = await _with_batch(runs, status, record, parsed.run_id, parsed.index, parsed.exp)
+            loaded = await self._load(runs, runs.status, parsed.run_id, parsed.index, parsed.exp)
+            if loaded is None:
+                raise LinkInvalid("This link is not valid.")
+            status, record = loaded
             claims, link_state = links.check(token, record, self.settings.approvals_signing_keys, time.time())
         except LinkInvalid as exc:
             return _link_notice(exc)
