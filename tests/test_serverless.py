@@ -144,7 +144,7 @@ def test_a_run_served_by_the_lambda_handler_pauses_and_completes(private_stacks:
         runs = [e for e in events if e.startswith("POST /invoke/AgentRun/run ")]
         assert len(runs) >= 2, f"one event up to the pause and at least one after the approval: {events}"
         assert all(e.endswith("-> 200") for e in runs)
-        assert "POST /invoke/Approval/decide -> 200" in events, "the page decides through the approval"
+        assert "POST /invoke/Approval/submit -> 200" in events, "the page decides through the approval"
         assert any(e.startswith("POST /invoke/Approval/run ") for e in events), "the approval waits on its own"
     finally:
         bridge.stop()
