@@ -30,6 +30,12 @@ def state_bytes_written(restate_server: RestateServer, run_id: str) -> int:
     return sum(writes)
 
 
+def journaled_steps(restate_server: RestateServer, run_id: str) -> list[str | None]:
+    """The entry names (None for unnamed entries) of the run's `run` invocation's journal."""
+    [run] = [r for r in restate_server.invocation_statuses("AgentRun", run_id) if r["target_handler_name"] == "run"]
+    return [row.get("name") for row in restate_server.sql(f"select name from sys_journal where id = '{run['id']}'")]
+
+
 def waiting(ingress: Ingress, run_id: str) -> dict[str, Any]:
     def pending() -> dict[str, Any] | None:
         status = ingress.status(run_id)
@@ -154,8 +160,7 @@ def test_a_gated_calls_facts_are_read_in_the_model_turns_own_step(
     status = waiting(ingress, run_id)
     [record] = status["approvals"]
     assert {"label": "Order total", "value": "$50.00"} in record["context"]
-    [run] = [r for r in restate_server.invocation_statuses("AgentRun", run_id) if r["target_handler_name"] == "run"]
-    steps = [row.get("name") for row in restate_server.sql(f"select name from sys_journal where id = '{run['id']}'")]
+    steps = journaled_steps(restate_server, run_id)
     assert "model turn 1" in steps and not [s for s in steps if s and s.startswith("context")]
     ingress.call("AgentRun", run_id, "cancel", {"reason": "done looking"})
     assert ingress.attach(run_id).json()["status"] == "cancelled"
@@ -178,8 +183,7 @@ def test_facts_are_read_after_the_calls_of_the_turn_that_ran_alone(
     status = waiting(ingress, run_id)
     [record] = [a for a in status["approvals"] if a["state"] == "pending"]
     assert {"label": "Already refunded", "value": "$100.00"} in record["context"]
-    [run] = [r for r in restate_server.invocation_statuses("AgentRun", run_id) if r["target_handler_name"] == "run"]
-    steps = [row.get("name") for row in restate_server.sql(f"select name from sys_journal where id = '{run['id']}'")]
+    steps = journaled_steps(restate_server, run_id)
     assert "context issue_refund #1" in steps
     ingress.call("AgentRun", run_id, "cancel", {"reason": "done"})
     assert ingress.attach(run_id).json()["status"] == "cancelled"

@@ -59,22 +59,15 @@ class ApprovalPages:
         runs: RunsClient = request.app.state.runs
         if request.method == "POST":
             return await self._submit(request, runs, token)
-        try:
-            claims = links.parse(token)
-            # A GET reads the approval and records its view in one `Approval` invocation; HEAD only
-            # reads (a HEAD is no view).
-            main: StatusCall = runs.status
-            if request.method == "GET":
-                main = functools.partial(runs.viewed, token=token, client=request.headers.get("user-agent", ""))
-            loaded = await self._load(runs, main, claims.run_id, claims.index, claims.exp)
-            if loaded is None:
-                raise LinkInvalid("This link is not valid.")
-            status, record = loaded
-            claims, link_state = links.check(token, record, self.settings.approvals_signing_keys, time.time())
-        except LinkInvalid as exc:
-            return _link_notice(exc)
-        except RunCallFailed as exc:
-            return notice(exc.status, "Try again", exc.message)
+        # A GET reads the approval and records its view in one `Approval` invocation; HEAD only
+        # reads (a HEAD is no view).
+        main: StatusCall = runs.status
+        if request.method == "GET":
+            main = functools.partial(runs.viewed, token=token, client=request.headers.get("user-agent", ""))
+        checked = await self._checked(runs, main, token)
+        if isinstance(checked, Response):
+            return checked
+        status, record, claims, link_state = checked
 
         approver = record.approvers[claims.slot]
         if len(record.batch) > 1:
@@ -215,9 +208,23 @@ class ApprovalPages:
         """A batch page's POST: its items read afresh (what `submit` answered may be a day-old answer
         that Restate kept under the form's key), the link checked as for a batch's GET, then each
         chosen item decided."""
+        checked = await self._checked(runs, runs.status, token)
+        if isinstance(checked, Response):
+            return checked
+        status, record, claims, link_state = checked
+        if (stale := self._stale(record, claims.slot, link_state, "actions not decided by then were")) is not None:
+            return stale
+        approver = record.approvers[claims.slot]
+        return await batch.decide_items(self.settings, runs, status, record, approver, claims.round, form, client)
+
+    async def _checked(
+        self, runs: RunsClient, main: StatusCall, token: str
+    ) -> tuple[RunStatus, ApprovalRecord, links.LinkClaims, links.LinkState] | Response:
+        """The approval the link names (read with `main`, a batch's items beside it) and the link
+        checked against it; or the page that says why not."""
         try:
-            parsed = links.parse(token)
-            loaded = await self._load(runs, runs.status, parsed.run_id, parsed.index, parsed.exp)
+            claims = links.parse(token)
+            loaded = await self._load(runs, main, claims.run_id, claims.index, claims.exp)
             if loaded is None:
                 raise LinkInvalid("This link is not valid.")
             status, record = loaded
@@ -226,10 +233,7 @@ class ApprovalPages:
             return _link_notice(exc)
         except RunCallFailed as exc:
             return notice(exc.status, "Try again", exc.message)
-        if (stale := self._stale(record, claims.slot, link_state, "actions not decided by then were")) is not None:
-            return stale
-        approver = record.approvers[claims.slot]
-        return await batch.decide_items(self.settings, runs, status, record, approver, claims.round, form, client)
+        return status, record, claims, link_state
 
     async def _check_post(self, request: Request, token: str) -> FormData | Response:
         """The form of a same-origin POST carrying this link's CSRF value, or the refusal page."""
