@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,7 +18,7 @@ from fakes import anthropic_server as anth
 from fakes import openai_server as oai
 from fakes.fixtures import model_stack, provider_env, running
 from fakes.provider import FakeProvider, JsonObject, Reply, Step
-from support.approver import form_csrf, submit, wait_for_email
+from support.approver import approval_emails, form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, wait_until
 
@@ -170,6 +171,32 @@ def test_a_cancel_during_the_model_turn_that_proposes_a_gated_call_executes_noth
         ("issue_refund", "cancelled"),
     ]
     assert refunds_for(stack.db_path, run_id) == []
+
+
+def test_a_cancel_that_read_the_run_before_its_approval_existed_still_cancels_it(
+    openai_fake: oai.OpenAIFake, anthropic_fake: anth.AnthropicFake, tmp_path: Path, run_id: str
+) -> None:
+    """The cancel reads the run while the model is still answering (no approval to close yet) and,
+    held by the `slow-cancel` fault point, completes the run's promise only after the run has frozen
+    its approval and emailed it: the waiting run hears the cancel and passes it on; nothing runs."""
+    provider, model = Provider("openai", openai_fake), f"fake-{run_id}"
+    env = {**provider_env(openai_fake, anthropic_fake), "COUNTERSIGN_FAULT": "slow-cancel"}
+    with model_stack(tmp_path, env) as stack:
+        order = new_order(stack.db_path, 125000)
+        refund = provider.calls(model, ("issue_refund", {"order_id": order, "amount_usd": "700.00", "reason": "late"}))
+        provider.fake.script(model, Reply(refund.status, refund.body, delay=1.0))
+        started = stack.ingress.start_run(run_id, task(provider, model, f"Refund order {order} for $700"))
+        assert started.status_code == 202
+        wait_until(lambda: len(provider.fake.seen(model)) == 1, 30, "the model's turn to be asked")
+        receipt = stack.ingress.call("AgentRun", run_id, "cancel", {"reason": "changed our mind"}).json()
+        assert receipt["accepted"] and receipt["cancelled_approvals"] == [], receipt
+        # The approval was asked for before the cancel completed the run's promise: the race was run.
+        assert approval_emails(stack.outbox_dir, run_id, "request"), "the request email went out first"
+        result = finish(stack, run_id)
+        assert result["status"] == "cancelled", result
+        assert [(a["tool"], a["outcome"]) for a in result["actions"]] == [("issue_refund", "cancelled")]
+        assert refunds_for(stack.db_path, run_id) == []
+        assert len(provider.fake.seen(model)) == 1
 
 
 def test_rejection_reason_reaches_the_model_which_reacts(

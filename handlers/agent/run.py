@@ -52,6 +52,7 @@ from handlers.contract import (
 )
 from handlers.errors import is_cancellation
 from handlers.events import emit as events
+from handlers.faults import delay_point
 from handlers.llm import ModelUnavailable, check_model, confidence, load_model
 from handlers.llm.base import (
     AssistantTurn,
@@ -561,12 +562,19 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
     return await ctx.workflow_call(approval_decide, key=key, arg=decision)
 
 
+_SLOW_CANCEL_SECONDS = 3.0
+"""How long the `slow-cancel` fault point holds a cancel between its read of the run and its promise."""
+
+
 @agent_run.handler(name="cancel", journal_retention=retention.NO_JOURNAL)
 async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelReceipt:
     """Stop the run: a pending approval resolves as `cancelled` and nothing further executes."""
     state = await load_run(ctx, with_actions=False)
     if state is None or state.phase in ("completed", "failed", "cancelled", "model_retired"):
         return CancelReceipt(run_id=ctx.key(), accepted=False, cancelled_approvals=[])
+    # Read as of this call's start: a turn that froze its approvals since is told by its promise
+    # below, and passes it on (handlers.approval.handover).
+    await delay_point("slow-cancel", _SLOW_CANCEL_SECONDS)
     cancelled = []
     for approval_id in pending_ids(await load_header(ctx), state.approvals):
         # An approval whose workflow has not saved its record yet is cancelled ahead (see `Approval.cancel`).

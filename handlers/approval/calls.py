@@ -22,22 +22,20 @@ from restate import RunOptions, TerminalError
 
 from handlers.approval import ledger
 from handlers.approval.gate import Act, GateResult, act_on_deferred, freeze
+from handlers.approval.handover import results_or_cancel
 from handlers.approval.plan import ApprovedPlan, OnDeviation, route_call
 from handlers.approval.plan_calls import ask_plan_approval, refused_deviation, run_in_plan
 from handlers.approval.rounds import Opening, open_round
 from handlers.approval.run_state import RunBook, RunFacts, RunState
 from handlers.approval.trail import trail_of
-from handlers.approval.verdict import CANCEL_PROMISE
 from handlers.approval.waiting import Waiter, notify_batch
 from handlers.approval.workflow import ApprovalRequest
-from handlers.approval.workflow import cancel as approval_cancel
 from handlers.approval.workflow import run as approval_run
 from handlers.compact import Compact
 from handlers.contract import (
     EMAIL_PATTERN,
     NAME_PATTERN,
     ActionRecord,
-    CancelRequest,
     DecisionSource,
     Outcome,
     Plan,
@@ -516,10 +514,6 @@ async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateRes
     delivered = await _ask_people(
         book, [Waiter(book, r, c.verdict.policy) for r, c in zip(records, calls, strict=True)]
     )
-    # A cancel of the run that came after its turn last checked for one (while the model was still
-    # answering, say) found none of this turn's approvals to close, only the run's own promise: it
-    # is read once the emails are out, and the approvals, started anyway, are cancelled ahead.
-    cancelled = book.ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest).peek()
     futures = [
         book.ctx.workflow_call(
             approval_run,
@@ -536,14 +530,11 @@ async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateRes
         for record, call, sent_ in zip(records, calls, delivered, strict=True)
     ]
     book.hand_over(record.approval_id for record in records)
-    if (request := await cancelled) is not None:
-        for record in records:
-            await book.ctx.workflow_call(approval_cancel, key=record.approval_id, arg=request)
-    decided = []
-    for future in futures:
-        result = await future
+    # A cancel of the run that came after its turn last checked for one (while the model was still
+    # answering, say) may have found none of these approvals to close: the run passes it on.
+    decided = await results_or_cancel(book.ctx, [r.approval_id for r in records], futures)
+    for result in decided:
         book.state.approvals[result.record.approval_id] = result.record
-        decided.append(result)
     book.save()
     results = [await act_on_deferred(book, result, call.verdict) for result, call in zip(decided, calls, strict=True)]
     ledger.flush(book)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from restate import RunOptions
 
 from handlers.approval.gate import action_digest
+from handlers.approval.handover import results_or_cancel
 from handlers.approval.plan import (
     PLAN_TOOL,
     ApprovedPlan,
@@ -130,10 +131,11 @@ async def ask_plan_approval(
         book.save()
     request = ApprovalRequest(record=record, policy=asked.verdict, goal=facts.goal, model=facts.model, act="report")
     called = ctx.workflow_call(approval_run, key=record.approval_id, arg=request)
-    if book is not None:
+    if book is None:
+        result = await called
+    else:
         book.hand_over([record.approval_id])
-    result = await called
-    if book is not None:
+        [result] = await results_or_cancel(book.ctx, [record.approval_id], [called])
         book.state.approvals[record.approval_id] = result.record
         book.save()
     return approved_plan(result.record, result.action.outcome, result.action.args, on_deviation=on_deviation)
