@@ -1,5 +1,6 @@
 """Cost at fleet scale: no object that every run of one approver or one tool shares is on the decision
-path, the views those objects gave stay whole, and a finished run keeps its record, not its journal.
+path, an approval's bookkeeping is one call per phase, the views stay whole, and a finished run keeps
+its record, not its journal.
 
 Every run here has the same approver (finance@example.com) and the same gated tool (issue_refund).
 """
@@ -14,7 +15,8 @@ from support.approver import form_csrf, open_page, submit, wait_for_email
 from support.business import new_order
 from support.processes import AppServer, Ingress, RestateServer, wait_until
 
-from handlers.objects.shards import SHARDS, is_shard, shard_key, shard_keys
+from handlers.objects.shards import SHARDS, books_key, books_keys, is_shard, shard_key, shard_keys
+from handlers.objects.trust import booked_head
 
 APPROVER, TOOL = "finance@example.com", "issue_refund"
 RUNS = 8
@@ -61,6 +63,9 @@ def test_shard_keys_are_stable_spread_and_never_a_plain_key() -> None:
     assert all(is_shard(k) for k in used)
     assert not is_shard(APPROVER) and not is_shard(TOOL) and not is_shard("a#b@example.com")
     assert shard_key("a#b@example.com", "x") != "a#b@example.com"
+    assert {books_key(i) for i in ids} == set(books_keys()) and [books_key(i) for i in ids[:5]] == [
+        books_key(i) for i in ids[:5]
+    ]
 
 
 def test_one_approver_and_one_tool_share_no_key_and_the_views_stay_whole(
@@ -74,16 +79,19 @@ def test_one_approver_and_one_tool_share_no_key_and_the_views_stay_whole(
     mails = {run: wait_for_email(outbox_dir, run)[0] for run in runs}
     wait_until(lambda: set(approvals) <= inbox(ingress), 30, "the approver's inbox to list every run")
 
-    # While they wait: every inbox update went to a shard of the approver, none to the approver's key.
-    inbox_targets = sends_of(restate_server, approvals, "ApprovalInbox")
-    assert len(inbox_targets) >= RUNS, inbox_targets
-    assert all(is_shard(k) and k.startswith(APPROVER) for k in inbox_targets), inbox_targets
-    assert len(set(inbox_targets)) > 1, "runs of one approver spread over several keys"
+    # While they wait: each approval's request reached its bookkeeping shard in one call (inbox entry
+    # and audit entries together), the shards spread over several keys, and no call went to an
+    # object of the approver or the tool.
+    booked = sends_of(restate_server, approvals, "Bookkeeping")
+    assert sorted(booked) == sorted(books_key(a) for a in approvals), booked
+    assert len(set(booked)) > 1, "runs of one approver spread over several keys"
+    for service in ("ApprovalInbox", "ApprovalAudit", "ToolStats"):
+        assert sends_of(restate_server, approvals, service) == [], service
     own = restate_server.sql(
-        f"select key from state where service_name = 'ApprovalInbox' and service_key = '{APPROVER}'"
+        f"select key from state where service_name = 'ApprovalInbox' and service_key like '{APPROVER}%'"
         " and key like 'entry:%'"
     )
-    assert own == [], "the approver's own key holds no entry (only the revocation point)"
+    assert own == [], "the approver's keys hold no entry (only the revocation point)"
 
     for run in runs:
         assert submit(mails[run].link, "approve").status_code == 200
@@ -100,16 +108,18 @@ def test_one_approver_and_one_tool_share_no_key_and_the_views_stay_whole(
     assert after["human_decisions"] == before["human_decisions"] + RUNS
     assert after["median_seconds_to_decision"] is not None
 
-    # The tool's figures: one small value per sample on the tool's shards, nothing on the tool's key,
-    # and no value that grows with the number of decisions.
-    stats = restate_server.sql(
-        "select service_key, key, length(value) as n from state where service_name = 'ToolStats'"
-        f" and service_key like '{TOOL}%'"
+    # The tool's figures: one small value per sample in the bookkeeping shards, nothing in ToolStats,
+    # and no value that grows with the number of decisions; an approval's audit trail is its own value.
+    kept = restate_server.sql(
+        "select service_key, key, length(value) as n from state where service_name = 'Bookkeeping'"
     )
-    assert stats and all(is_shard(row["service_key"]) for row in stats), stats
-    samples = [row for row in stats if row["key"].startswith("sample:")]
-    assert {row["key"] for row in samples} >= {f"sample:{a}" for a in approvals}
-    assert max(int(row["n"]) for row in stats) < 1024, "every stored value stays small"
+    ring = {(row["service_key"], row["key"]) for row in kept if row["key"].startswith(f"{booked_head(TOOL)}:")}
+    assert len(ring) >= RUNS and {shard for shard, _ in ring} >= {books_key(a) for a in approvals}
+    tool_keys = f"select key from state where service_name = 'ToolStats' and service_key like '{TOOL}%'"
+    assert not restate_server.sql(tool_keys), "nothing in the tool's own objects"
+    assert max(int(row["n"]) for row in kept if not row["key"].startswith("audit:")) < 1024, "figures stay small"
+    trails = [int(row["n"]) for row in kept if row["key"] in {f"audit:{a}" for a in approvals}]
+    assert len(trails) == RUNS and max(trails) < 8192, trails
 
 
 def test_a_late_click_on_a_finished_run_reads_the_decision_from_the_kept_record(

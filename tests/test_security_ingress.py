@@ -24,6 +24,7 @@ from support.processes import REPO, AppServer, Ingress, RestateServer, wait_unti
 from test_operations import cli, inbox, refund_task
 
 from handlers.objects.audit import GENESIS, AuditEntry, AuditLog, _append, verify
+from handlers.objects.shards import books_key
 from handlers.settings import Settings
 
 
@@ -46,7 +47,7 @@ def forged_entry(run_id: str, approval: str, kind: str, entry_id: str) -> dict[s
     }
 
 
-def internal_calls(run_id: str, approval: str) -> list[tuple[str, str, str, dict[str, Any]]]:
+def internal_calls(run_id: str, approval: str) -> list[tuple[str, str, str, Any]]:
     """(service, key, handler, a well-formed body) of every handler only Countersign's services call."""
     event = {
         "id": "evt_" + "0" * 32,
@@ -77,6 +78,19 @@ def internal_calls(run_id: str, approval: str) -> list[tuple[str, str, str, dict
             {"entries": [forged_entry(run_id, approval, "decided", "decided/r1/s0")]},
         ),
         ("ApprovalInbox", "finance@example.com", "apply", {"change": "remove", "entry": inbox_entry}),
+        (
+            "Bookkeeping",
+            books_key(approval),
+            "apply",
+            {
+                "approval_id": approval,
+                "audit": [forged_entry(run_id, approval, "decided", "decided/r1/s0")],
+                "inbox": [{"approver": "finance@example.com", "event": {"change": "remove", "entry": inbox_entry}}],
+                "sample": {"approval_id": approval, "outcome": "approved", "human": True},
+                "tool": "issue_refund",
+            },
+        ),
+        ("Bookkeeping", books_key(approval), "audit", approval),
         ("ApprovalInbox", "mallory@evil.test", "apply", {"change": "add", "entry": inbox_entry}),
         (
             "ToolStats",
@@ -225,6 +239,22 @@ def test_a_forged_audit_entry_id_is_a_conflict_that_verify_reports() -> None:
     assert _append(log, real) == written and len(log.entries) == 2, "a retried identical entry is still one entry"
 
 
+def test_a_trail_of_two_chains_verifies_each_and_still_catches_a_change() -> None:
+    """An approval begun before the bookkeeping shards keeps the chain it began in `ApprovalAudit`
+    and continues in its shard: `entries` gives both, and each is checked on its own."""
+    older, newer = AuditLog(approval_id="run-1-a0"), AuditLog(approval_id="run-1-a0")
+    for log, kinds in ((older, ("requested", "email_accepted")), (newer, ("page_viewed", "decided", "outcome"))):
+        for n, kind in enumerate(kinds):
+            _append(log, AuditEntry.model_validate(forged_entry("run-1", "run-1-a0", kind, f"{kind}/{n}")))
+    trail = [*older.entries, *newer.entries]
+    assert verify(trail) == []
+    changed = [*trail[:3], trail[3].model_copy(update={"details": {"verdict": "approve"}}), trail[4]]
+    [problem] = verify(changed)
+    assert "entry 3" in problem and "content does not match its hash" in problem, problem
+    assert verify([*trail[:3], *trail[4:]]), "an entry removed from the second chain is caught"
+    assert verify([*trail[:1], *trail[2:]]) == [], "(the end of a chain is checked against Restate's, live)"
+
+
 def test_audit_verify_says_not_intact_for_a_conflicting_export(tmp_path: Path) -> None:
     log = AuditLog(approval_id="run-1-a0")
     for details in ({"forged": True}, {"tool": "issue_refund"}):
@@ -314,12 +344,14 @@ def test_public_handlers_stay_public(app_server: AppServer, restate_server: Rest
         "TrustRamp": {"report"},
         "ResendWebhook": {"receive"},
         "WebhookLog": {"outcomes"},
+        "Bookkeeping": set(),
     }
     private = {
         "AgentRun": {"delivery_failed"},
         "Approval": {"run", "delivery_failed"},
         "ApprovalInbox": {"apply", "entries"},
         "ApprovalAudit": {"append", "append_all"},
+        "Bookkeeping": {"apply", "audit", "inbox", "samples"},
         "EmailDelivery": {"record"},
         "ToolStats": {"record", "samples"},
         "WebhookEvents": {"publish"},

@@ -447,7 +447,8 @@ def _after_retirement(book: RunBook, turn: int, model: str, retired: Retired) ->
     book.save()
     latest = max(book.state.approvals.values(), key=lambda r: r.index, default=None)
     approval_id = latest.approval_id if latest else links.approval_id(book.state.run_id, len(book.state.actions))
-    book.unsent_audit.append(
+    ledger.note(
+        book,
         AuditEntry(
             entry_id=f"model_retired/t{turn}",
             approval_id=approval_id,
@@ -456,7 +457,7 @@ def _after_retirement(book: RunBook, turn: int, model: str, retired: Retired) ->
             kind="model_retired",
             at=(latest.decided_at or latest.requested_at) if latest else 0.0,
             details={**switch.model_dump(), "outcome": "successor" if go_on else "ended: a fresh plan is needed"},
-        )
+        ),
     )
     return successor if go_on else None
 

@@ -42,8 +42,8 @@ from handlers.contract import (
     TrailStep,
 )
 from handlers.events import emit as events
+from handlers.objects import bookkeeping
 from handlers.objects.audit import AuditEntry
-from handlers.objects.audit import append as audit_append
 from handlers.security import links
 from handlers.tools import default_registry
 from handlers.tools.checkpoints import results_of
@@ -442,7 +442,7 @@ async def run_alone(
                 "idempotency_key": action.idempotency_key,
             },
         )
-        ctx.object_send(audit_append, key=approval_id, arg=entry)
+        bookkeeping.send_entry(ctx, entry)
         if webhooks:
             events.autonomous_executed(ctx, tenant, run_id, approval_id, action, run.at)
     return action

@@ -1,12 +1,13 @@
 """What the runs tell the world about their approvals: inboxes, the audit trail, the trust ramp.
 
-Guarantee: every notice is a journaled one-way send from the run (exactly-once delivery through
-Restate) with a deterministic audit entry id, so replays and retries neither lose nor repeat one.
-Inbox and trust notices go at once, each to the shard of its approver or tool that holds the
-approval (handlers.objects.shards), so no object that every run of one approver or one tool shares
-is on their way; audit entries are held and sent together by `flush`, which the
-run calls before it waits for a person, after each turn's approvals, when it ends and on a hard
-cancel (an email step still retrying holds back the entries since the last flush).
+Guarantee: every notice reaches the approval's `Bookkeeping` shard (handlers.objects.bookkeeping) by
+a journaled one-way send (exactly-once delivery through Restate), with a deterministic audit entry
+id, so replays and retries neither lose nor repeat one. Notices are held in the run's book and sent
+together by `flush`, one call per approval whatever they touch (its inbox entries, its audit trail,
+its trust sample), which the run calls before it waits for a person, after each turn's approvals,
+when it ends and on a hard cancel (an email step still retrying holds back the notices since the
+last flush). The shard is picked by the approval, so no object that every run of one approver or one
+tool shares is on their way.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from handlers.approval.run_state import RunBook
 from handlers.approval.verdict import Verdict
 from handlers.contract import ActionRecord, ApprovalRecord
 from handlers.events import emit as events
-from handlers.objects.audit import AuditEntries, AuditEntry, AuditKind, append_all
-from handlers.objects.inbox import InboxChange, InboxEntry, InboxEvent, apply, inbox_key
-from handlers.objects.trust import OutcomeSample, record, stats_key
+from handlers.objects import bookkeeping
+from handlers.objects.audit import AuditEntry, AuditKind
+from handlers.objects.bookkeeping import InboxNotice, Notices
+from handlers.objects.inbox import InboxChange, InboxEntry, InboxEvent
+from handlers.objects.trust import OutcomeSample
 
 
 def _entry(record_: ApprovalRecord) -> InboxEntry:
@@ -37,10 +40,16 @@ def _entry(record_: ApprovalRecord) -> InboxEntry:
     )
 
 
+def _notices(book: RunBook, approval_id: str) -> Notices:
+    """What `approval_id`'s bookkeeping has still to learn from this run."""
+    return book.unsent.setdefault(approval_id, Notices(approval_id=approval_id))
+
+
 def inbox(book: RunBook, record_: ApprovalRecord, change: InboxChange, slots: list[int], why: str = "") -> None:
     event = InboxEvent(change=change, entry=_entry(record_), why=why)
+    notices = _notices(book, record_.approval_id)
     for person in sorted({record_.approvers[s] for s in slots}):
-        book.ctx.object_send(apply, key=inbox_key(person, record_.approval_id), arg=event)
+        notices.inbox.append(InboxNotice(approver=person, event=event))
 
 
 def audit(
@@ -62,17 +71,20 @@ def audit(
         actor=actor,
         details=details,
     )
-    book.unsent_audit.append(entry)
+    note(book, entry)
+
+
+def note(book: RunBook, entry: AuditEntry) -> None:
+    """Hold `entry` for its approval's next flush."""
+    _notices(book, entry.approval_id).audit.append(entry)
 
 
 def flush(book: RunBook) -> None:
-    """Send the audit entries held back so far: one call per approval, in the order they happened."""
-    by_approval: dict[str, list[AuditEntry]] = {}
-    for entry in book.unsent_audit:
-        by_approval.setdefault(entry.approval_id, []).append(entry)
-    for approval_id, entries in by_approval.items():
-        book.ctx.object_send(append_all, key=approval_id, arg=AuditEntries(entries=entries))
-    book.unsent_audit.clear()
+    """Send what is held so far: one call per approval, its parts in the order they happened."""
+    for notices in book.unsent.values():
+        if not notices.empty:
+            bookkeeping.send(book.ctx, notices)
+    book.unsent.clear()
 
 
 def requested(book: RunBook, record_: ApprovalRecord) -> None:
@@ -220,4 +232,5 @@ def finished(book: RunBook, record_: ApprovalRecord, action: ActionRecord, at: f
         edited=bool(action.edits),
         triggers=sorted({s.kind for s in record_.stopped_because}),
     )
-    book.ctx.object_send(record, key=stats_key(record_.tool, record_.approval_id), arg=sample)
+    notices = _notices(book, record_.approval_id)
+    notices.sample, notices.tool = sample, record_.tool

@@ -37,8 +37,8 @@ from handlers.approval.workflow import ApprovalRequest
 from handlers.approval.workflow import run as approval_run
 from handlers.contract import ActionRecord, ApprovalRecord, Outcome, Plan
 from handlers.events import emit as events
+from handlers.objects import bookkeeping
 from handlers.objects.audit import AuditEntry
-from handlers.objects.audit import append as audit_append
 from handlers.security import links
 from handlers.tools.execute import idempotency_key, run_tool
 from handlers.tools.policy import PolicyError, PolicyVerdict, errors_text
@@ -196,7 +196,7 @@ async def run_in_plan(
                 "idempotency_key": action.idempotency_key,
             },
         )
-        ctx.object_send(audit_append, key=plan.approval_id, arg=entry)
+        bookkeeping.send_entry(ctx, entry)
     if run.at is not None and webhooks:
         events.in_plan_executed(ctx, tenant, run_id, action, run.at)
     return action

@@ -18,7 +18,7 @@ from restate import WorkflowContext, WorkflowSharedContext
 from restate.serde import BytesSerde
 
 from handlers.contract import ActionRecord, ApprovalRecord, ModelSwitch, Phase
-from handlers.objects.audit import AuditEntry
+from handlers.objects.bookkeeping import Notices
 
 HEADER_KEY = "run"
 _RAW = BytesSerde()
@@ -73,7 +73,8 @@ def _header_of(state: RunState) -> RunHeader:
 class RunBook:
     """The run's state plus the context that persists it; `save` after every transition.
     Actions are append-only; approvals may change in place and are compared with what was saved.
-    `unsent_audit` holds audit entries until `handlers.approval.ledger.flush` sends them.
+    `unsent` holds, per approval, what its bookkeeping learns until `handlers.approval.ledger.flush`
+    sends it (one call per approval).
 
     An approval `hand_over` was called for (its own workflow has been started) is, while pending,
     listed in the header only: its record lives in that workflow, which readers ask (`pending_ids`),
@@ -84,7 +85,7 @@ class RunBook:
         self.ctx = ctx
         self.state = state
         self._handed_over: set[str] = set()
-        self.unsent_audit: list[AuditEntry] = []
+        self.unsent: dict[str, Notices] = {}
         self._saved_header = b""
         self._saved_approvals: dict[str, bytes] = {}
         self._saved_actions = 0

@@ -23,7 +23,7 @@ from restate import DurablePromise, RunOptions, TerminalError, WorkflowContext, 
 
 from handlers import retention
 from handlers import textdiff as diff
-from handlers.approval import confirm, tally
+from handlers.approval import confirm, ledger, tally
 from handlers.approval.edits import EditRejected, apply_edits
 from handlers.approval.gate import Act, GateResult, decide_and_act
 from handlers.approval.plan import apply_plan_edits
@@ -49,7 +49,8 @@ from handlers.contract import (
 )
 from handlers.errors import is_already_completed, is_cancellation
 from handlers.faults import crash_point
-from handlers.objects.audit import AuditEntry, append
+from handlers.objects import bookkeeping
+from handlers.objects.audit import AuditEntry
 from handlers.objects.delivery import DeliveryFailure
 from handlers.security import links
 from handlers.security.links import LinkInvalid, LinkState
@@ -101,7 +102,12 @@ async def run(ctx: WorkflowContext, request: ApprovalRequest) -> GateResult:
         run_id=record.run_id, tenant=record.tenant, goal=request.goal, requester=record.requester, model=request.model
     )
     book = RunBook(ctx, state)
-    return await decide_and_act(book, record, request.policy, act=request.act, delivered=request.delivered)
+    try:
+        return await decide_and_act(book, record, request.policy, act=request.act, delivered=request.delivered)
+    except TerminalError as exc:
+        if is_cancellation(exc):  # a hard cancel: what the inboxes and the trail learned still reaches them
+            ledger.flush(book)
+        raise
 
 
 @approval.handler(name="status", journal_retention=retention.NO_JOURNAL)
@@ -549,7 +555,7 @@ async def viewed(ctx: WorkflowSharedContext, view: PageView) -> RunStatus:
     )
     # The idempotency key folds the views of one minute into the first: a second view is not a
     # conflicting entry with the same id, it is not sent at all.
-    ctx.object_send(append, key=record.approval_id, arg=entry, idempotency_key=f"audit/{entry.entry_id}")
+    bookkeeping.send_entry(ctx, entry, once_per_entry=True)
     return answer
 
 

@@ -20,7 +20,8 @@ from handlers import retention
 from handlers.channels import slack
 from handlers.channels.base import ChannelRequest
 from handlers.errors import is_cancellation
-from handlers.objects.audit import AuditEntry, append
+from handlers.objects import bookkeeping
+from handlers.objects.audit import AuditEntry
 from handlers.objects.delivery import APPROVAL_HANDLER, APPROVAL_SERVICE, DeliveryFailure
 
 log = logging.getLogger("countersign.slack")
@@ -119,7 +120,7 @@ async def post(ctx: ObjectContext, request: SlackPost) -> None:
         at=r.at,
         details={"to": posted.approver, "channel": posted.channel, "ts": posted.ts, "message": r.kind},
     )
-    ctx.object_send(append, key=r.record.approval_id, arg=entry, idempotency_key=f"audit/{entry.entry_id}")
+    bookkeeping.send_entry(ctx, entry, once_per_entry=True)
 
 
 def _undeliverable(ctx: ObjectContext, r: ChannelRequest, error: str) -> None:

@@ -1,11 +1,17 @@
-"""`ApprovalAudit`: an append-only, hash-chained record per approval (key = approval id).
+"""The audit trail of an approval: append-only and hash-chained (`ApprovalAudit/<approval id>/entries`).
 
 Guarantee: entry n stores `hash = SHA-256(hash of entry n-1 || canonical JSON of entry n)`, so
 `verify` detects any changed, removed or reordered entry. An append with an `entry_id` already in
 the chain and the same content returns the existing entry, so a retried step never appends twice;
 the same id with *different* content is never silently kept or dropped: it is appended too, logged,
-and `verify` reports the conflict, so a forged or corrupted entry cannot hide the real one. Only
-Countersign's own services can append (`ingress_private`); the ingress can only read.
+and `verify` reports the conflict, so a forged or corrupted entry cannot hide the real one.
+
+Where it is kept: the approval's shard of `Bookkeeping` (handlers.objects.bookkeeping) holds the
+chain, written by the one call per phase that also brings the inboxes and the trust figures up to
+date. An approval whose trail an older version began in the `ApprovalAudit` object itself keeps
+that chain there (its `append` handlers stay for runs still waiting on that version); `entries`
+returns both, the object's first, and `verify` checks each chain on its own (a chain starts at
+sequence 0). Only Countersign's own services can append (`ingress_private`); the ingress can only read.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import restate
@@ -20,6 +27,7 @@ from pydantic import BaseModel, Field
 from restate import ObjectContext, ObjectSharedContext
 
 from handlers import retention
+from handlers.objects.shards import ask_books, books_key
 
 logger = logging.getLogger("countersign.audit")
 
@@ -83,12 +91,21 @@ def chain(prev: str, seq: int, entry: AuditEntry) -> ChainedEntry:
 
 
 def verify(entries: list[ChainedEntry]) -> list[str]:
-    """Problems in one approval's chain, in order; empty when it is intact."""
+    """Problems in one approval's trail, in order; empty when it is intact. The trail is one chain,
+    or two (see above): a second chain begins where an entry starts over at sequence 0."""
+    problems: list[str] = []
+    starts = [i for i, entry in enumerate(entries) if i == 0 or entry.seq == 0]
+    for begin, end in zip(starts, [*starts[1:], len(entries)], strict=True):
+        problems += _verify_chain(entries[begin:end], begin)
+    return problems
+
+
+def _verify_chain(entries: list[ChainedEntry], offset: int) -> list[str]:
     problems = []
     prev = GENESIS
     first_of: dict[str, int] = {}
     for position, entry in enumerate(entries):
-        where = f"{entry.approval_id} entry {position}"
+        where = f"{entry.approval_id} entry {offset + position}"
         if (earlier := first_of.setdefault(entry.entry_id, position)) != position:
             problems.append(
                 f"{where}: entry id {entry.entry_id!r} was already used by entry {earlier} with other content "
@@ -104,12 +121,21 @@ def verify(entries: list[ChainedEntry]) -> list[str]:
     return problems
 
 
+def append_loaded(ctx: ObjectContext, key: str, log: AuditLog, entries: Iterable[AuditEntry]) -> None:
+    """Append `entries` to `log`, the chain as read from the state key `key`, and write it back if it grew."""
+    known = len(log.entries)
+    for entry in entries:
+        _append(log, entry)
+    if len(log.entries) > known:
+        ctx.set(key, log)
+
+
 approval_audit = restate.VirtualObject("ApprovalAudit", description="Hash-chained audit trail of one approval.")
 _KEY = "log"
 
 
-# Appends come only from the runs (journaled sends) and from `AgentRun.viewed`, which re-verifies
-# the approval link first: never from the ingress, where anyone could write a predictable entry id.
+# What an older version sent: runs still waiting on it append here. Never the ingress, where anyone
+# could write a predictable entry id.
 @approval_audit.handler(name="append", journal_retention=retention.NO_JOURNAL, ingress_private=True)
 async def append(ctx: ObjectContext, entry: AuditEntry) -> ChainedEntry:
     log = await ctx.get(_KEY, type_hint=AuditLog) or AuditLog(approval_id=ctx.key())
@@ -123,11 +149,7 @@ async def append(ctx: ObjectContext, entry: AuditEntry) -> ChainedEntry:
 @approval_audit.handler(name="append_all", journal_retention=retention.NO_JOURNAL, ingress_private=True)
 async def append_all(ctx: ObjectContext, batch: AuditEntries) -> None:
     log = await ctx.get(_KEY, type_hint=AuditLog) or AuditLog(approval_id=ctx.key())
-    known = len(log.entries)
-    for entry in batch.entries:
-        _append(log, entry)
-    if len(log.entries) > known:
-        ctx.set(_KEY, log)
+    append_loaded(ctx, _KEY, log, batch.entries)
 
 
 def _append(log: AuditLog, entry: AuditEntry) -> ChainedEntry:
@@ -153,4 +175,8 @@ def _content(entry: AuditEntry) -> dict[str, Any]:
 
 @approval_audit.handler(name="entries", kind="shared", journal_retention=retention.NO_JOURNAL)
 async def entries(ctx: ObjectSharedContext) -> AuditLog:
-    return await ctx.get(_KEY, type_hint=AuditLog) or AuditLog(approval_id=ctx.key())
+    """The approval's whole trail: what this object kept (an older version's chain), then its chain
+    in the approval's `Bookkeeping` shard."""
+    own = await ctx.get(_KEY, type_hint=AuditLog) or AuditLog(approval_id=ctx.key())
+    kept = await ask_books(ctx, "audit", books_key(ctx.key()), ctx.key(), AuditLog)
+    return AuditLog(approval_id=ctx.key(), entries=[*own.entries, *kept.entries])

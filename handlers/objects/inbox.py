@@ -1,18 +1,23 @@
-"""`ApprovalInbox`: a Virtual Object per approver (key = email) listing what waits for them.
+"""`ApprovalInbox`: what waits for one approver (`ApprovalInbox/<email>/pending`).
 
-Guarantee: its entries change only through `apply`, which runs receive as journaled one-way sends on
-every transition (requested, reminded, escalated, reassigned, decided, closed), so it converges on the
-runs' own state; applying the same event twice changes nothing. The entries live in the approver's
-shards (`email#00` … `email#15`, see handlers.objects.shards), an approval always in the same one,
-so the bookkeeping of many runs of one approver does not queue behind one object; `pending` on the
-approver's own key gathers every shard (and entries an older version kept on that key). `revoke_links` (the operator's
-`inbox revoke`) moves the approver's revocation point to now: the inbox page refuses every inbox link
-made before it; it only ever moves forward. `apply` is `ingress_private`: only the runs
-can write an inbox; the ingress can read one (`pending`) and the operator can revoke its links.
+Guarantee: an inbox changes only through the events the approvals send on every transition
+(requested, reminded, escalated, reassigned, decided, closed), so it converges on their own state;
+applying the same event twice changes nothing, and an older round never overwrites a newer one.
+The entries live in the approval's shard of `Bookkeeping` (handlers.objects.bookkeeping), which
+takes them in the same call as the approval's audit entries and trust sample, under the approver's
+address hashed (`booked_key`: a key name is not sealed like a value, so the address is not spelled
+out in it; the hash only hides it from a casual look, it is not a secret); `pending` on the
+approver's own key gathers every shard, and what an older version kept in this object (on the
+approver's key, and on its shard keys `email#00` … `email#15`, whose `apply` stays for runs still
+waiting on that version). `revoke_links` (the operator's `inbox revoke`) moves the approver's
+revocation point to now: the inbox page refuses every inbox link made before it; it only ever
+moves forward. Only the approvals can write an inbox; the ingress can read one (`pending`) and the
+operator can revoke its links.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
 import restate
@@ -20,7 +25,7 @@ from pydantic import BaseModel, Field
 from restate import ObjectContext, ObjectSharedContext
 
 from handlers import retention
-from handlers.objects.shards import is_shard, shard_key, shard_keys
+from handlers.objects.shards import ask_books, books_keys, is_shard, shard_keys
 
 InboxChange = Literal["add", "remind", "remove"]
 
@@ -69,9 +74,67 @@ _ENTRY = "entry:"
 _REVOKED = "revoked_before_ms"
 
 
-# One state key per entry, read lazily: an event touches only its own entry, so its cost (and what it
-# journals) does not grow with the number of approvals waiting for the same person.
-# Only the runs call `apply` (journaled sends); through the ingress anyone could add or remove entries.
+_BOOKED = "inbox:"
+
+
+class InboxIndex(BaseModel):
+    """An approver's entries in one `Bookkeeping` shard: approval id -> the round of its entry (the
+    shard holds other keys too, so its entries are never found by listing them)."""
+
+    rounds: dict[str, int] = Field(default_factory=dict)
+
+
+def booked_key(approver: str) -> str:
+    """The state key, in a `Bookkeeping` shard, of `approver`'s index; each of their entries is under
+    this key, `:`, and its approval id."""
+    return _BOOKED + hashlib.sha256(approver.encode()).hexdigest()[:32]
+
+
+def book_event(ctx: ObjectContext, approver: str, event: InboxEvent, index: InboxIndex) -> bool:
+    """Apply one transition to `approver`'s entry in this `Bookkeeping` shard, given their `index` as
+    read (updated here; True when it changed and must be saved). An older round never overwrites a
+    newer one, a reminder only touches an entry that is there, and applying the same event twice
+    changes nothing: the entry is written, never read."""
+    key, approval_id, round_ = (
+        f"{booked_key(approver)}:{event.entry.approval_id}",
+        event.entry.approval_id,
+        event.entry.round,
+    )
+    held = index.rounds.get(approval_id)
+    if held is not None and held > round_:
+        return False
+    if event.change == "remove":
+        if held is not None:
+            ctx.clear(key)
+            del index.rounds[approval_id]
+        return held is not None
+    if event.change == "remind":
+        if held is not None:  # the event carries the entry as it is now, reminders counted
+            ctx.set(key, event.entry)
+        return False
+    ctx.set(key, event.entry)
+    index.rounds[approval_id] = round_
+    return held != round_
+
+
+def save_index(ctx: ObjectContext, approver: str, index: InboxIndex) -> None:
+    if index.rounds:
+        ctx.set(booked_key(approver), index)
+    else:
+        ctx.clear(booked_key(approver))
+
+
+async def booked_entries(ctx: ObjectSharedContext, approver: str) -> InboxEntries:
+    """`approver`'s entries in this `Bookkeeping` shard; every entry is asked for before any is
+    awaited (one round trip)."""
+    index = await ctx.get(booked_key(approver), type_hint=InboxIndex) or InboxIndex()
+    asked = [ctx.get(f"{booked_key(approver)}:{approval_id}", type_hint=InboxEntry) for approval_id in index.rounds]
+    found = [await a for a in asked]
+    return InboxEntries(entries=[e for e in found if e is not None])
+
+
+# What an older version sent: runs still waiting on it apply their events here, on the approver's
+# shard keys. Never the ingress, where anyone could add or remove entries.
 @approval_inbox.handler(
     name="apply", enable_lazy_state=True, journal_retention=retention.NO_JOURNAL, ingress_private=True
 )
@@ -88,11 +151,6 @@ async def apply(ctx: ObjectContext, event: InboxEvent) -> None:
         ctx.set(key, current)
     else:
         ctx.set(key, event.entry)
-
-
-def inbox_key(approver: str, approval_id: str) -> str:
-    """Where `apply` events of this approval for this approver go: the approver's shard of it."""
-    return shard_key(approver, approval_id)
 
 
 async def _own_entries(ctx: ObjectSharedContext) -> list[InboxEntry]:
@@ -112,8 +170,10 @@ async def pending(ctx: ObjectSharedContext) -> InboxView:
     """What waits for this approver, oldest first, with age and time left."""
     found = await _own_entries(ctx)
     if not is_shard(ctx.key()):
-        calls = [ctx.object_call(entries, key=shard, arg=None) for shard in shard_keys(ctx.key())]
-        for part in await restate.gather(*calls):
+        # Every call is made before any answer is awaited: the shards answer side by side.
+        older = [ctx.object_call(entries, key=shard, arg=None) for shard in shard_keys(ctx.key())]
+        booked = [ask_books(ctx, "inbox", key, ctx.key(), InboxEntries) for key in books_keys()]
+        for part in [*older, *booked]:
             found.extend((await part).entries)
     now = await ctx.time()
     items = [

@@ -1,15 +1,24 @@
-"""Spreading what one approver or one tool accumulates over several Virtual Object keys.
+"""Spreading what the approvals leave behind over several Virtual Object keys.
 
-Guarantee: an approval always maps to the same shard of a key (a SHA-256 of the approval id, the same
-in every process and after every restart, unlike Python's `hash`), so its events meet in one object
-and stay ordered and idempotent there, while approvals of the same approver or tool land on
-`SHARDS` different keys and do not queue behind one another. A shard key is the key, `#`, and two
-digits: never a valid email address or tool name, so it cannot collide with a key of its own.
+Guarantee: an approval always maps to the same shard (a SHA-256 of the approval id, the same in every
+process and after every restart, unlike Python's `hash`), so its events meet in one object and stay
+ordered and idempotent there, while approvals of the same approver or tool land on `SHARDS`
+different keys and do not queue behind one another. Today's keys are `Bookkeeping`'s, the shard
+number alone (`books_key`). An older version kept an approver's inbox and a tool's figures on keys
+of their own objects, the approver's or tool's name, `#`, and the shard number (`shard_key`): never
+a valid email address or tool name, so it cannot collide with a key of its own; the views still
+read those.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Awaitable
+from typing import TypeVar
+
+import restate
+from pydantic import BaseModel
 
 SHARDS = 16
 """Matches the concurrency the fleet figures are measured at: 16 runs of one approver rarely share a shard."""
@@ -33,3 +42,31 @@ def shard_keys(key: str) -> list[str]:
 def is_shard(key: str) -> bool:
     head, sep, tail = key.rpartition(SEPARATOR)
     return bool(head) and sep == SEPARATOR and len(tail) == 2 and tail.isdigit()
+
+
+BOOKS_SERVICE = "Bookkeeping"
+"""The object whose shards hold every approval's inbox entries, audit trail and trust sample
+(handlers.objects.bookkeeping). Its keys are the shard numbers alone."""
+_JSON = {"content-type": "application/json"}
+M = TypeVar("M", bound=BaseModel)
+
+
+def books_key(approval_id: str) -> str:
+    """The `Bookkeeping` key that holds what is kept about `approval_id`."""
+    return f"{shard_of(approval_id):02d}"
+
+
+def books_keys() -> list[str]:
+    """Every `Bookkeeping` key, for a view that gathers them."""
+    return [f"{n:02d}" for n in range(SHARDS)]
+
+
+def ask_books(ctx: restate.ObjectSharedContext, reader: str, key: str, arg: str, answer: type[M]) -> Awaitable[M]:
+    """Call one of `Bookkeeping`'s shared readers by name (the objects it serves import nothing of it,
+    so that it can import their storage code), and parse its answer."""
+    call = ctx.generic_call(BOOKS_SERVICE, reader, json.dumps(arg).encode(), key=key, headers=_JSON)
+
+    async def parsed() -> M:
+        return answer.model_validate_json(await call)
+
+    return parsed()

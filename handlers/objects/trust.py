@@ -7,11 +7,15 @@ Calls stopped by a confidence-gated checkpoint are also counted per trigger (`co
 how many it stopped and how many of those people then rejected, so a team sees whether it catches
 what approvers turn down.
 
-Cost: a tool's samples are spread over its shards (`tool#00` … `tool#15`, see handlers.objects.shards;
-an approval always in the same one), each holding its last `SHARD_SAMPLES` samples one state key per
-sample, so a decision writes a few small values (its sample, the ring slot, the counts) whatever the
-history, and decisions of one tool do not queue behind one object. `stats` on the tool's own key
-merges the shards (and what an older version kept on that key as one value).
+Cost: a tool's samples are spread over the `Bookkeeping` shards (handlers.objects.bookkeeping; an
+approval always in the same one, which takes its sample in the same call as its audit entries and
+inbox events), each holding the tool's last `SHARD_SAMPLES` samples in a ring, one state key per
+sample, so a decision writes two small values (its slot and the counts) whatever the history, and
+decisions of one tool do not queue behind one object. A sample is counted once because each
+approval sends it once, with its last notices (journaled: Restate delivers it exactly once).
+`stats` on the tool's own key merges those shards, and what an older version kept in `ToolStats`
+itself: one value on the tool's key, and rings on its shard keys `tool#00` … `tool#15` (whose
+`record` stays for runs still waiting on that version).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pydantic import BaseModel, Field
 from restate import Context, ObjectContext, ObjectSharedContext
 
 from handlers import retention
-from handlers.objects.shards import SHARDS, is_shard, shard_key, shard_keys
+from handlers.objects.shards import SHARDS, ask_books, books_keys, is_shard, shard_keys
 from handlers.settings import get_settings
 from handlers.tools import default_registry
 
@@ -58,14 +62,16 @@ class TriggerFigures(BaseModel):
         return round(self.rejected / decided, 3) if decided else None
 
 
-class _Samples(BaseModel):
+class Samples(BaseModel):
+    """Samples and counts of one tool, as one key (or one shard) holds them."""
+
     samples: list[OutcomeSample] = Field(default_factory=list)
     counts: dict[str, int] = Field(default_factory=dict)
     triggers: dict[str, TriggerFigures] = Field(default_factory=dict)
 
 
-class _Head(BaseModel):
-    """A shard's small bookkeeping value: how many samples it took, and the counts by outcome."""
+class RingHead(BaseModel):
+    """A ring's small bookkeeping value: how many samples it took, and the counts by outcome."""
 
     taken: int = 0
     counts: dict[str, int] = Field(default_factory=dict)
@@ -103,18 +109,42 @@ _RING = "ring:"
 _LEGACY = "samples"
 
 
-def stats_key(tool: str, approval_id: str) -> str:
-    """Where the sample of this approval goes: the tool's shard that holds it."""
-    return shard_key(tool, approval_id)
+def booked_head(tool: str) -> str:
+    """The state key, in a `Bookkeeping` shard, of `tool`'s ring head; its slots are under this key,
+    `:`, and the slot number."""
+    return f"tool:{tool}"
 
 
-# Only the runs record samples (journaled sends): a sample from the ingress would skew the ramp.
-# Lazy state: a record reads three small values, not the shard's whole ring.
+def book_sample(ctx: ObjectContext, tool: str, head: RingHead, sample: OutcomeSample) -> None:
+    """Put `sample` in the next slot of `tool`'s ring in this `Bookkeeping` shard (the sample it
+    overwrites leaves the figures; its count stays), and count it (`head`, as read, is updated)."""
+    ctx.set(f"{booked_head(tool)}:{head.taken % SHARD_SAMPLES}", sample)
+    head.taken += 1
+    head.counts[sample.outcome] = head.counts.get(sample.outcome, 0) + 1
+    _count_triggers(head.triggers, sample)
+    ctx.set(booked_head(tool), head)
+
+
+async def booked_samples(ctx: ObjectSharedContext, tool: str) -> Samples:
+    """`tool`'s ring in this `Bookkeeping` shard, oldest sample first, and its counts. Every slot is
+    asked for before any is awaited (one round trip); the keys are never listed."""
+    head = await ctx.get(booked_head(tool), type_hint=RingHead)
+    if head is None:
+        return Samples()
+    slots = range(head.taken - min(head.taken, SHARD_SAMPLES), head.taken)
+    asked = [ctx.get(f"{booked_head(tool)}:{n % SHARD_SAMPLES}", type_hint=OutcomeSample) for n in slots]
+    found = [sample for sample in [await a for a in asked] if sample is not None]
+    return Samples(samples=found, counts=dict(head.counts), triggers=dict(head.triggers))
+
+
+# What an older version sent: runs still waiting on it record here, on the tool's shard keys. Never
+# the ingress: a sample from there would skew the ramp. Lazy state: a record reads three small
+# values, not the shard's whole ring.
 @tool_stats.handler(name="record", enable_lazy_state=True, journal_retention=retention.NO_JOURNAL, ingress_private=True)
 async def record(ctx: ObjectContext, sample: OutcomeSample) -> None:
     if await ctx.get(_SAMPLE + sample.approval_id, type_hint=OutcomeSample) is not None:
         return
-    head = await ctx.get(_HEAD, type_hint=_Head) or _Head()
+    head = await ctx.get(_HEAD, type_hint=RingHead) or RingHead()
     # A ring of SHARD_SAMPLES slots: the sample it overwrites leaves the figures (its count stays).
     slot = f"{_RING}{head.taken % SHARD_SAMPLES}"
     if (evicted := await ctx.get(slot, type_hint=str)) is not None:
@@ -147,10 +177,10 @@ def _add_triggers(into: dict[str, TriggerFigures], more: dict[str, TriggerFigure
             setattr(mine, name, getattr(mine, name) + getattr(counted, name))
 
 
-async def _own(ctx: ObjectSharedContext) -> _Samples:
+async def _own(ctx: ObjectSharedContext) -> Samples:
     """What this key holds: a shard's ring, or the single value an older version kept per tool."""
-    data = await ctx.get(_LEGACY, type_hint=_Samples) or _Samples()
-    head = await ctx.get(_HEAD, type_hint=_Head)
+    data = await ctx.get(_LEGACY, type_hint=Samples) or Samples()
+    head = await ctx.get(_HEAD, type_hint=RingHead)
     if head is not None:
         for key in await ctx.state_keys():
             if key.startswith(_SAMPLE) and (found := await ctx.get(key, type_hint=OutcomeSample)) is not None:
@@ -167,7 +197,7 @@ def _add_counts(into: dict[str, int], more: dict[str, int]) -> None:
 
 # Private: `stats` gathers the shards; the raw samples are not part of what the ingress offers.
 @tool_stats.handler(name="samples", kind="shared", journal_retention=retention.NO_JOURNAL, ingress_private=True)
-async def samples(ctx: ObjectSharedContext) -> _Samples:
+async def samples(ctx: ObjectSharedContext) -> Samples:
     """This key's own samples and counts (one shard's share of a tool's figures)."""
     return await _own(ctx)
 
@@ -176,8 +206,10 @@ async def samples(ctx: ObjectSharedContext) -> _Samples:
 async def stats(ctx: ObjectSharedContext) -> ToolFigures:
     data = await _own(ctx)
     if not is_shard(ctx.key()):
-        calls = [ctx.object_call(samples, key=shard, arg=None) for shard in shard_keys(ctx.key())]
-        for part in await restate.gather(*calls):
+        # Every call is made before any answer is awaited: the shards answer side by side.
+        older = [ctx.object_call(samples, key=shard, arg=None) for shard in shard_keys(ctx.key())]
+        booked = [ask_books(ctx, "samples", key, ctx.key(), Samples) for key in books_keys()]
+        for part in [*older, *booked]:
             shard = await part
             data.samples.extend(shard.samples)
             _add_counts(data.counts, shard.counts)

@@ -31,6 +31,7 @@ def countersign_services() -> list[RestateService]:
     from handlers.channels.slack_messages import slack_messages
     from handlers.events.delivery import webhook_delivery, webhook_events, webhook_log
     from handlers.objects.audit import approval_audit
+    from handlers.objects.bookkeeping import bookkeeping
     from handlers.objects.delivery import email_delivery
     from handlers.objects.inbox import approval_inbox
     from handlers.objects.resend_events import resend_webhook
@@ -41,6 +42,7 @@ def countersign_services() -> list[RestateService]:
         approval,
         approval_inbox,
         approval_audit,
+        bookkeeping,
         tool_stats,
         trust_ramp,
         email_delivery,
