@@ -46,13 +46,16 @@ class OutboxMailer:
         self.log_links = log_links
 
     def send(self, email: OutgoingEmail) -> SendReceipt:
-        self.folder.mkdir(parents=True, exist_ok=True)
         digest = hashlib.sha256(email.idempotency_key.encode()).hexdigest()
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", email.idempotency_key)[:120] + "-" + digest[:10]
         message_id = f"<{digest[:40]}@countersign.local>"
         path = self.folder / f"{stem}.eml"
         data = self._render(email, message_id)
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=".eml")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=".eml")
+        except FileNotFoundError:  # the first email (the folder is made then, not on every send)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=".eml")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
