@@ -419,7 +419,8 @@ async def _act_on(
                 index=index, tool=call.name, proposed_args={}, outcome=Outcome.INVALID, result={"error": call.problem}
             )
             book.state.actions.append(unreadable[position])
-    book.save()
+    if unreadable:
+        book.save()
     readable = [p for p, call in enumerate(calls) if call.problem is None]
     answers = [policies[p] for p in readable]
     handled = iter(await handle_turn(book, [calls[p] for p in readable], answers, plan) if readable else [])

@@ -143,6 +143,7 @@ async def handle_turn(
         route = route_call(plan, answer.verdict, call.name, args)
         if route.kind == "inside":
             assert plan is not None
+            book.save()  # what `status` shows while the call runs: the phase, the pinned model
             done[index] = await run_in_plan(
                 book.ctx,
                 call.name,
@@ -179,6 +180,7 @@ async def handle_turn(
                 )
             )
             continue
+        book.save()  # as above; a gated call is saved with its record, when it is frozen
         done[index] = await run_alone(
             book.ctx,
             call.name,
