@@ -172,7 +172,7 @@ def test_the_ingress_refuses_every_internal_handler_and_nothing_changes(
     approval = f"{run_id}-a0"
     # Before the run exists (the audit ids are predictable) and while it waits: both refused.
     first = internal_calls(run_id, approval)[0]
-    early = ingress.call(first[0], first[1], first[2], first[3])
+    early = ingress.call(first[0], first[1], first[2], first[3], {"connection": "close"})  # see below
     assert early.status_code >= 400, early.text
     ingress.start_run(run_id, refund_task(new_order(demo_db, 100000)))
     [mail] = wait_for_email(outbox_dir, run_id)
