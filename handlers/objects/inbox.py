@@ -95,11 +95,8 @@ def book_event(ctx: ObjectContext, approver: str, event: InboxEvent, index: Inbo
     read (updated here; True when it changed and must be saved). An older round never overwrites a
     newer one, a reminder only touches an entry that is there, and applying the same event twice
     changes nothing: the entry is written, never read."""
-    key, approval_id, round_ = (
-        f"{booked_key(approver)}:{event.entry.approval_id}",
-        event.entry.approval_id,
-        event.entry.round,
-    )
+    approval_id, round_ = event.entry.approval_id, event.entry.round
+    key = f"{booked_key(approver)}:{approval_id}"
     held = index.rounds.get(approval_id)
     if held is not None and held > round_:
         return False
