@@ -46,6 +46,8 @@ def _notices(book: RunBook, approval_id: str) -> Notices:
 
 
 def inbox(book: RunBook, record_: ApprovalRecord, change: InboxChange, slots: list[int], why: str = "") -> None:
+    if not slots:
+        return  # nobody's inbox changes, and `flush` must not send an empty call
     event = InboxEvent(change=change, entry=_entry(record_), why=why)
     notices = _notices(book, record_.approval_id)
     for person in sorted({record_.approvers[s] for s in slots}):
@@ -82,8 +84,7 @@ def note(book: RunBook, entry: AuditEntry) -> None:
 def flush(book: RunBook) -> None:
     """Send what is held so far: one call per approval, its parts in the order they happened."""
     for notices in book.unsent.values():
-        if not notices.empty:
-            bookkeeping.send(book.ctx, notices)
+        bookkeeping.send(book.ctx, notices)
     book.unsent.clear()
 
 

@@ -19,6 +19,8 @@ private too: the ingress reads the views that gather them, `ApprovalInbox/<email
 
 from __future__ import annotations
 
+import functools
+
 import restate
 from pydantic import BaseModel, Field
 from restate import ObjectContext, ObjectSharedContext
@@ -58,10 +60,6 @@ class Notices(BaseModel):
     inbox: list[InboxNotice] = Field(default_factory=list)
     sample: OutcomeSample | None = None
     tool: str = ""
-
-    @property
-    def empty(self) -> bool:
-        return not (self.audit or self.inbox or self.sample)
 
 
 def audit_key(approval_id: str) -> str:
@@ -107,37 +105,30 @@ def send_entry(ctx: restate.Context, entry: AuditEntry, *, once_per_entry: bool 
     send(ctx, Notices(approval_id=entry.approval_id, audit=[entry]), idempotency_key=key)
 
 
-@bookkeeping.handler(
-    name="audit",
+# The readers: shared, private (the ingress reads the views that gather them), and lazy, since a shard
+# holds many approvals' trails and a reader needs a few keys of them.
+_reader = functools.partial(
+    bookkeeping.handler,
     kind="shared",
     enable_lazy_state=True,
     journal_retention=retention.NO_JOURNAL,
     ingress_private=True,
 )
+
+
+@_reader(name="audit")
 async def audit(ctx: ObjectSharedContext, approval_id: str) -> AuditLog:
     """The audit chain of `approval_id` in this shard."""
     return await ctx.get(audit_key(approval_id), type_hint=AuditLog) or AuditLog(approval_id=approval_id)
 
 
-@bookkeeping.handler(
-    name="inbox",
-    kind="shared",
-    enable_lazy_state=True,
-    journal_retention=retention.NO_JOURNAL,
-    ingress_private=True,
-)
+@_reader(name="inbox")
 async def inbox(ctx: ObjectSharedContext, approver: str) -> InboxEntries:
     """What waits for `approver` among this shard's approvals."""
     return await booked_entries(ctx, approver)
 
 
-@bookkeeping.handler(
-    name="samples",
-    kind="shared",
-    enable_lazy_state=True,
-    journal_retention=retention.NO_JOURNAL,
-    ingress_private=True,
-)
+@_reader(name="samples")
 async def samples(ctx: ObjectSharedContext, tool: str) -> Samples:
     """`tool`'s samples and counts among this shard's approvals."""
     return await booked_samples(ctx, tool)
