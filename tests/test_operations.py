@@ -283,7 +283,7 @@ def test_show_and_unknown_run(
     shown = cli(restate_server, "show", run_id, "--json")
     assert shown.returncode == 0 and json.loads(shown.stdout)["model"] == "scripted"
     missing = cli(restate_server, "show", "no-such-run")
-    assert missing.returncode == 1 and "no run no-such-run" in missing.stderr
+    assert missing.returncode == 1 and "no run or approval no-such-run" in missing.stderr
 
 
 def test_inbox_page(app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str) -> None:

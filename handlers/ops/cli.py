@@ -81,7 +81,10 @@ def parser() -> argparse.ArgumentParser:
     pending.add_argument("--approver", type=_email)
     pending.add_argument("--tool")
     pending.add_argument("--older-than", type=_duration, metavar="AGE", help="e.g. 2h, 7d")
-    show = commands.add_parser("show", help="one run: phase, approvals, history, audit")
+    show = commands.add_parser(
+        "show",
+        help="one run, or one approval by its id (asked from your own handler): phase, approvals, history, audit",
+    )
     show.add_argument("run_id")
     reassign = commands.add_parser("reassign", help="hand a pending approval to someone else (old links die)")
     reassign.add_argument("approval_id")
@@ -89,7 +92,9 @@ def parser() -> argparse.ArgumentParser:
     reassign.add_argument("--from", dest="replacing", type=_email, help="whom to replace, when several decide")
     reassign.add_argument("--reason", default="")
     reassign.add_argument("--by", type=_asker, default=None, help="who asks, for the audit trail (default: cli:$USER)")
-    cancel = commands.add_parser("cancel", help="cancel a run, or every run waiting longer than --older-than")
+    cancel = commands.add_parser(
+        "cancel", help="cancel a run or an approval (by its id), or every one waiting longer than --older-than"
+    )
     cancel.add_argument("run_id", nargs="?")
     cancel.add_argument("--older-than", type=_duration, metavar="AGE")
     cancel.add_argument("--reason", required=True)

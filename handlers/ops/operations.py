@@ -160,17 +160,25 @@ class Operations:
         return sorted(found, key=lambda row: -row["age_seconds"])
 
     def show(self, run_id: str) -> dict[str, Any]:
+        """An agent run, or an approval by its id: one a gate in your own handler asked belongs to no
+        run of `AgentRun`, and its own workflow answers in the same shape."""
         status = self._call("AgentRun", run_id, "status", None)
         if status.get("phase") == "unknown":
-            raise OperationError(f"no run {run_id}")
+            status = self._call("Approval", run_id, "status", None)
+        if status.get("phase") == "unknown":
+            raise OperationError(f"no run or approval {run_id}")
         status["audit"] = {a["approval_id"]: self.audit_log(a["approval_id"]) for a in status["approvals"]}
-        status["webhooks"] = self._call("WebhookLog", run_id, "outcomes", None)["outcomes"]
+        status["webhooks"] = self._call("WebhookLog", status["run_id"], "outcomes", None)["outcomes"]
         return dict(status)
+
+    def _is_agent_run(self, run_id: str) -> bool:
+        """Reads the run's (read-only) status: a missing or wrong key stops here, before any write."""
+        return bool(self._call("AgentRun", run_id, "status", None).get("phase") != "unknown")
 
     def _check_keys(self, run_id: str) -> None:
         """Open the run's (read-only) status before a write: a missing or wrong key stops here, not
         after the handler has acted on a request it could read but whose answer we cannot."""
-        self._call("AgentRun", run_id, "status", None)
+        self._is_agent_run(run_id)
 
     def reassign(self, approval_id: str, to: str, replacing: str | None, reason: str, by: str) -> dict[str, Any]:
         self._check_keys(run_of(approval_id))
@@ -178,12 +186,31 @@ class Operations:
         return dict(self._call("Approval", approval_id, "reassign", request.model_dump()))
 
     def cancel(self, run_id: str, reason: str) -> dict[str, Any]:
-        self._check_keys(run_id)
-        return dict(self._call("AgentRun", run_id, "cancel", CancelRequest(reason=reason).model_dump()))
+        """Cancel an agent run (its pending approvals with it), or one approval by its id: one that a
+        gate in your own handler asked, which no run of `AgentRun` holds. An id that is neither is
+        answered by `AgentRun.cancel` as before (not accepted): `Approval.cancel` would cancel ahead
+        an approval that might start later under that id."""
+        request = CancelRequest(reason=reason).model_dump()
+        if not self._is_agent_run(run_id) and self._is_approval(run_id):
+            return dict(self._call("Approval", run_id, "cancel", request))
+        return dict(self._call("AgentRun", run_id, "cancel", request))
+
+    def _is_approval(self, approval_id: str) -> bool:
+        return bool(self._call("Approval", approval_id, "status", None).get("phase") != "unknown")
 
     def cancel_older_than(self, limit: int, reason: str, now: float) -> list[dict[str, Any]]:
-        stale = sorted({row["run_id"] for row in self.pending(older_than=limit, now=now)})
-        return [self.cancel(run_id, reason) for run_id in stale]
+        """Every agent run with an approval waiting longer than `limit`, and every such approval that
+        a gate in your own handler asked (your handler hears `cancelled` and goes on as it decides)."""
+        stale = self.pending(older_than=limit, now=now)
+        request = CancelRequest(reason=reason).model_dump()
+        receipts = []
+        for run_id in sorted({row["run_id"] for row in stale}):
+            if self._is_agent_run(run_id):
+                receipts.append(dict(self._call("AgentRun", run_id, "cancel", request)))
+                continue
+            for approval_id in sorted(row["approval_id"] for row in stale if row["run_id"] == run_id):
+                receipts.append(dict(self._call("Approval", approval_id, "cancel", request)))
+        return receipts
 
     def inbox_revoke(self, approver: str) -> dict[str, Any]:
         """Every inbox link issued to `approver` until now stops working (approval links do not: reassign)."""
