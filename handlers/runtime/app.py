@@ -104,6 +104,12 @@ def with_restate(endpoint: RestateAppT, rest: ASGIApp) -> ASGIApp:
     return app
 
 
+_ENDPOINT_ONLY = (
+    f"not found: this listener serves the Restate endpoint only, under {RESTATE_PREFIX}/"
+    f" (register its URL ending in {RESTATE_PREFIX})"
+)
+
+
 async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] == "lifespan":  # nothing to start or stop
         while (await receive())["type"] != "lifespan.shutdown":
@@ -113,7 +119,8 @@ async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] == "websocket":
         await send({"type": "websocket.close"})
         return
-    await PlainTextResponse("not found", status_code=404)(scope, receive, send)
+    # restate-server quotes this body when a registration misses the prefix ("META0003 ... Body: ...").
+    await PlainTextResponse(_ENDPOINT_ONLY, status_code=404)(scope, receive, send)
 
 
 def restate_app(settings: Settings, services: Sequence[RestateService] = ()) -> ASGIApp:
