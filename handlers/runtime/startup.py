@@ -13,7 +13,7 @@ import logging
 
 from handlers.channels import uses_slack
 from handlers.llm import ModelUnavailable, check_model
-from handlers.runtime.services import ServicesError, endpoint_services
+from handlers.runtime.services import SETTING, ServicesError, endpoint_services, load
 from handlers.settings import Settings, require_production_keys, require_signing_keys
 from handlers.tools import default_registry
 from handlers.tools.registry import Registry
@@ -60,3 +60,6 @@ def check(settings: Settings) -> None:
         raise SystemExit(str(exc)) from None
     # Only once everything checked out, so that a refusal is the one line the process prints.
     log.info("tools: %s: %s", tools.source, ", ".join(tools.names()))
+    if settings.countersign_services:
+        own = [service.name for spec in settings.countersign_services for service in load(spec)]
+        log.info("services: %s=%s: %s", SETTING, ",".join(settings.countersign_services), ", ".join(own))
