@@ -123,3 +123,29 @@ def test_decode_names_the_setting_for_a_wrong_key(waiting_run: tuple[IsolatedSta
     assert done.returncode == 1
     [line] = done.stderr.strip().splitlines()
     assert "COUNTERSIGN_JOURNAL_KEYS" in line and "Traceback" not in done.stderr
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
+    """`... | python -m handlers decode | head -c 10`: the reader goes away with most of the output
+    unread; the command ends quietly (exit 1), as Unix tools do, whatever it was printing."""
+    value = json.dumps({"pad": "x" * 1_000_000}).encode()  # far more than a pipe holds
+    child = subprocess.Popen(
+        [sys.executable, "-m", "handlers", "decode"],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "COUNTERSIGN_JOURNAL_KEYS": "k1:" + base64.b64encode(bytes(32)).decode()},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+    child.stdin.write(value)
+    child.stdin.close()
+    assert child.stdout.read(10) == value[:10]
+    child.stdout.close()
+    try:
+        assert child.wait(timeout=60) == 1
+    finally:
+        child.kill()
+    errors = child.stderr.read().decode()
+    child.stderr.close()
+    assert errors == "", errors

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import getpass
 import json
+import os
 import re
 import sys
 import time
@@ -156,14 +157,22 @@ def main(argv: list[str] | None = None) -> int:
         from handlers.runtime.devstack import run_dev
 
         return run_dev(args.demo)
-    if args.command == "decode":
-        from handlers.runtime.devstack import decode_stdin
-
-        return decode_stdin()
     if args.command == "serve":
         return _serve(args.bind)
     if args.command == "cancel" and bool(args.run_id) == bool(args.older_than):
         parser().error("cancel takes a RUN_ID or --older-than, not both or neither")
+    try:
+        return _print_command(args)
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _print_command(args: argparse.Namespace) -> int:
+    """`decode` and the operator commands: what they print goes to stdout, a refusal to stderr."""
+    if args.command == "decode":
+        from handlers.runtime.devstack import decode_stdin
+
+        return decode_stdin()
     from handlers.ops.operations import OperationError
 
     try:
@@ -171,6 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     except OperationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+
+
+def _reader_gone() -> int:
+    """Whoever read the output stopped early (`show RUN_ID | head`): end quietly, as Unix tools do.
+    stdout now points at /dev/null, or Python would print a second traceback flushing it at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 1
 
 
 def _serve(bind: str) -> int:
