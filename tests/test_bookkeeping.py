@@ -16,6 +16,7 @@ from support.business import new_order
 from support.processes import IsolatedStack, StackFactory, wait_until
 
 from handlers.objects.audit import AuditLog, verify
+from handlers.objects.shards import books_key, first_books_key
 
 APPROVER, TOOL = "finance@example.com", "issue_refund"
 OLDER = "older-run-a0"
@@ -25,7 +26,7 @@ import restate
 from handlers.objects import bookkeeping
 from handlers.objects.audit import AuditEntries, AuditEntry, append_all
 from handlers.objects.inbox import InboxEntry, InboxEvent, apply
-from handlers.objects.shards import shard_key
+from handlers.objects.shards import first_books_key, shard_key
 from handlers.objects.trust import OutcomeSample, record
 
 older = restate.Service("OlderVersion")
@@ -55,6 +56,22 @@ async def wait_for_a_person(ctx: restate.Context, approval_id: str) -> None:
         key=shard_key("issue_refund", approval_id),
         arg=OutcomeSample(approval_id="older-run-a9", outcome="rejected", human=True, seconds_to_decision=3.0),
     )
+
+
+@older.handler()
+async def first_bookkeeping_asked(ctx: restate.Context, approval_id: str) -> None:
+    # What a run of the first `Bookkeeping` version sent when it asked: one call, to the shard that
+    # version picked by the approval id.
+    waiting = InboxEntry(
+        approval_id=approval_id, run_id="first-run", tenant="default", tool="issue_refund", summary="first",
+        digest="0" * 64, round=1, requested_at=1.5, deadline=4102444800.0,
+    )
+    notices = bookkeeping.Notices(
+        approval_id=approval_id,
+        audit=[entry(approval_id, "requested", "requested/r1", 1.5)],
+        inbox=[bookkeeping.InboxNotice(approver="finance@example.com", event=InboxEvent(change="add", entry=waiting))],
+    )
+    ctx.object_send(bookkeeping.apply, key=first_books_key(approval_id), arg=notices)
 
 
 @older.handler()
@@ -117,3 +134,18 @@ def test_what_an_older_version_kept_shows_beside_what_this_one_keeps(stack: Isol
     kinds = [e.kind for e in newer.entries]
     assert kinds[0] == "requested" and kinds[-1] == "outcome" and "decided" in kinds, kinds
     assert [e.seq for e in newer.entries] == list(range(len(kinds))), "one chain, in the approval's shard"
+
+
+def test_an_approval_the_first_bookkeeping_placed_by_its_id_keeps_its_inbox_entry_and_trail(
+    stack: IsolatedStack,
+) -> None:
+    """The first `Bookkeeping` picked an approval's shard by the approval id; this one picks its run's.
+    An approval that began before the upgrade stays in the inbox, and its trail continues in its
+    run's shard: both chains show, oldest first, and each verifies."""
+    approval = next(a for a in (f"first-run-{n}-a0" for n in range(100)) if first_books_key(a) != books_key(a))
+    assert stack.ingress.call("OlderVersion", None, "first_bookkeeping_asked", approval).status_code == 200
+    wait_until(lambda: approval in _pending(stack), 30, "the approval in the approver's inbox")
+    assert stack.ingress.call("OlderVersion", None, "viewed_now", approval).status_code == 200
+    trail = wait_until(lambda: t if len((t := _trail(stack, approval)).entries) == 2 else None, 30, "both chains")
+    assert [(e.kind, e.seq) for e in trail.entries] == [("requested", 0), ("page_viewed", 0)]
+    assert verify(trail.entries) == []

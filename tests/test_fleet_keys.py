@@ -1,6 +1,6 @@
 """Cost at fleet scale: no object that every run of one approver or one tool shares is on the decision
-path, an approval's bookkeeping is one call per phase, the views stay whole, and a finished run keeps
-its record, not its journal.
+path, a run's bookkeeping is one call per phase (its approvals' and its look-ups' together), the views
+stay whole, and a finished run keeps its record, not its journal.
 
 Every run here has the same approver (finance@example.com) and the same gated tool (issue_refund).
 """
@@ -120,6 +120,44 @@ def test_one_approver_and_one_tool_share_no_key_and_the_views_stay_whole(
     assert max(int(row["n"]) for row in kept if not row["key"].startswith("audit:")) < 1024, "figures stay small"
     trails = [int(row["n"]) for row in kept if row["key"] in {f"audit:{a}" for a in approvals}]
     assert len(trails) == RUNS and max(trails) < 8192, trails
+
+
+def test_a_run_tells_its_shard_once_before_it_waits_its_look_ups_included(
+    app_server: AppServer, ingress: Ingress, restate_server: RestateServer, outbox_dir: Path, demo_db: Path, run_id: str
+) -> None:
+    """Two look-ups that run alone, then a gated refund: the look-ups' trail entries wait in the run's
+    book and go with the request's inbox entry and audit entries, in one call to the run's shard."""
+    order = new_order(demo_db, 100000)
+    lookup = {"tool": "lookup_order", "args": {"order_id": order}}
+    refund = {"tool": TOOL, "args": {"order_id": order, "amount_usd": "700.00", "reason": "fleet"}}
+    ingress.start_run(run_id, {"goal": "g", "requester": "alice@example.com", "script": [lookup, lookup, refund]})
+    [mail] = wait_for_email(outbox_dir, run_id)
+    lookups, gated = [f"{run_id}-a0", f"{run_id}-a1"], f"{run_id}-a2"
+
+    def trail(approval_id: str) -> list[str]:
+        return [e["kind"] for e in ingress.call("ApprovalAudit", approval_id, "entries", None).json()["entries"]]
+
+    wait_until(lambda: all(trail(a) == ["autonomous"] for a in lookups), 30, "the look-ups' trails")
+    assert sends_of(restate_server, [gated], "Bookkeeping") == [books_key(gated)], "one call while it waits"
+    assert {books_key(a) for a in [*lookups, gated]} == {books_key(gated)}, "one shard for the run"
+    assert trail(gated)[0] == "requested" and gated in inbox(ingress)
+    assert submit(mail.link, "approve").status_code == 200
+    assert ingress.wait_output(run_id).json()["status"] == "completed"
+    assert trail(lookups[0]) == ["autonomous"], "sent once"
+
+
+def test_a_run_of_look_ups_alone_leaves_their_trails_when_it_ends(
+    app_server: AppServer, ingress: Ingress, demo_db: Path, run_id: str
+) -> None:
+    order = new_order(demo_db, 100000)
+    lookup = {"tool": "lookup_order", "args": {"order_id": order}}
+    ingress.start_run(run_id, {"goal": "g", "requester": "alice@example.com", "script": [lookup] * 3})
+    assert ingress.wait_output(run_id).json()["status"] == "completed"
+
+    def kinds(approval_id: str) -> list[str]:
+        return [e["kind"] for e in ingress.call("ApprovalAudit", approval_id, "entries", None).json()["entries"]]
+
+    wait_until(lambda: all(kinds(f"{run_id}-a{i}") == ["autonomous"] for i in range(3)), 30, "every trail")
 
 
 def test_a_late_click_on_a_finished_run_reads_the_decision_from_the_kept_record(

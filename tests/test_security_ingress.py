@@ -90,6 +90,16 @@ def internal_calls(run_id: str, approval: str) -> list[tuple[str, str, str, Any]
                 "tool": "issue_refund",
             },
         ),
+        (
+            "Bookkeeping",
+            books_key(approval),
+            "apply_run",
+            {
+                "notices": [
+                    {"approval_id": approval, "audit": [forged_entry(run_id, approval, "decided", "decided/r1/s1")]}
+                ]
+            },
+        ),
         ("Bookkeeping", books_key(approval), "audit", approval),
         ("ApprovalInbox", "mallory@evil.test", "apply", {"change": "add", "entry": inbox_entry}),
         (
@@ -351,7 +361,7 @@ def test_public_handlers_stay_public(app_server: AppServer, restate_server: Rest
         "Approval": {"run", "delivery_failed"},
         "ApprovalInbox": {"apply", "entries"},
         "ApprovalAudit": {"append", "append_all"},
-        "Bookkeeping": {"apply", "audit", "inbox", "samples"},
+        "Bookkeeping": {"apply", "apply_run", "audit", "inbox", "samples"},
         "EmailDelivery": {"record"},
         "ToolStats": {"record", "samples"},
         "WebhookEvents": {"publish"},

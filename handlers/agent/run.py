@@ -281,9 +281,10 @@ async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
     book.save()
     try:
         return await _agent_loop(ctx, task, book)
-    except TerminalError as exc:
-        if is_cancellation(exc):  # a hard cancel: what was audited until now still reaches the trail
-            ledger.flush(book)
+    except TerminalError:
+        # A hard cancel, or a failure: what was audited until now (the entries of calls that ran alone
+        # among it, held for the run's next bookkeeping call) still reaches the trail.
+        ledger.flush(book)
         raise
 
 

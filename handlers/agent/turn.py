@@ -9,11 +9,13 @@ calls of one turn are asked together; every call gets a stable index `base + pos
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from handlers.approval import ledger
 from handlers.approval.calls import GatedCall, approve_and_act, run_alone
 from handlers.approval.plan import ApprovedPlan, route_call
 from handlers.approval.plan_calls import refused_deviation, run_in_plan
@@ -154,6 +156,7 @@ async def handle_turn(
                 tenant=state.tenant,
                 requester=state.requester,
                 webhooks=answer.verdict.webhooks,
+                hold=functools.partial(ledger.note, book),
             )
             continue
         # `own`: inside the plan's bounds, but the call needs a person of its own; it is asked as an
@@ -191,6 +194,7 @@ async def handle_turn(
             state.requester,
             answer.verdict.version,
             answer.verdict.webhooks,
+            hold=functools.partial(ledger.note, book),
         )
     failure = None
     if gated:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, cast
 
@@ -411,10 +411,12 @@ async def run_alone(
     requester: str,
     policy_version: str = "",
     webhooks: bool = True,
+    hold: Callable[[AuditEntry], None] | None = None,
 ) -> ActionRecord:
     """A call the policy lets run without a person, as one step of the caller's journal; its audit
     trail (keyed like an approval, `<run_id>-a<index>`) gets one `autonomous` entry naming the policy
-    version that let it run alone (and, if `webhooks`, an `action.executed` event)."""
+    version that let it run alone (and, if `webhooks`, an `action.executed` event). The entry is sent
+    at once, or given to `hold` (an agent run's book, whose next bookkeeping call carries it)."""
     run = await run_tool(ctx, tool, args, index, run_id=run_id, tenant=tenant, requester=requester)
     action = ActionRecord(
         index=index,
@@ -442,7 +444,10 @@ async def run_alone(
                 "idempotency_key": action.idempotency_key,
             },
         )
-        bookkeeping.send_entry(ctx, entry)
+        if hold is None:
+            bookkeeping.send_entry(ctx, entry)
+        else:  # the caller's own next bookkeeping call carries it
+            hold(entry)
         if webhooks:
             events.autonomous_executed(ctx, tenant, run_id, approval_id, action, run.at)
     return action

@@ -1,13 +1,14 @@
 """What the runs tell the world about their approvals: inboxes, the audit trail, the trust ramp.
 
-Guarantee: every notice reaches the approval's `Bookkeeping` shard (handlers.objects.bookkeeping) by
-a journaled one-way send (exactly-once delivery through Restate), with a deterministic audit entry
-id, so replays and retries neither lose nor repeat one. Notices are held in the run's book and sent
-together by `flush`, one call per approval whatever they touch (its inbox entries, its audit trail,
-its trust sample), which the run calls before it waits for a person, after each turn's approvals,
-when it ends and on a hard cancel (an email step still retrying holds back the notices since the
-last flush). The shard is picked by the approval, so no object that every run of one approver or one
-tool shares is on their way.
+Guarantee: every notice reaches its run's `Bookkeeping` shard (handlers.objects.bookkeeping) by a
+journaled one-way send (exactly-once delivery through Restate), with a deterministic audit entry id,
+so replays and retries neither lose nor repeat one. Notices are held in the run's book and sent
+together by `flush`, one call for all the run's approvals whatever they touch (their inbox entries,
+audit trails, trust samples, and the entries of calls that ran alone), which the run calls before it
+waits for a person, after each turn's approvals, when it ends or fails, on a hard cancel, and once
+it holds `HELD_ENTRIES` audit entries (an email step still retrying holds back the notices since the
+last flush). The shard is picked by the run, so no object that every run of one approver or one tool
+shares is on their way.
 """
 
 from __future__ import annotations
@@ -76,15 +77,23 @@ def audit(
     note(book, entry)
 
 
+HELD_ENTRIES = 64
+"""A run that calls tools alone for many turns sends their audit entries in calls of about this many
+(each under 1 KB), not all at its end."""
+
+
 def note(book: RunBook, entry: AuditEntry) -> None:
-    """Hold `entry` for its approval's next flush."""
+    """Hold `entry` for the run's next flush."""
     _notices(book, entry.approval_id).audit.append(entry)
+    if sum(len(notices.audit) for notices in book.unsent.values()) >= HELD_ENTRIES:
+        flush(book)
 
 
 def flush(book: RunBook) -> None:
-    """Send what is held so far: one call per approval, its parts in the order they happened."""
-    for notices in book.unsent.values():
-        bookkeeping.send(book.ctx, notices)
+    """Send what is held so far: one call for the run's shard, each approval's parts in the order
+    they happened."""
+    if book.unsent:
+        bookkeeping.send_run(book.ctx, list(book.unsent.values()))
     book.unsent.clear()
 
 

@@ -11,7 +11,7 @@ journal under its own idempotency key, and its record and the plan's audit trail
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -152,10 +152,11 @@ async def run_in_plan(
     tenant: str,
     requester: str,
     webhooks: bool = True,
+    hold: Callable[[AuditEntry], None] | None = None,
 ) -> ActionRecord:
     """A call inside an approved plan: runs at once, as one step of the caller's journal, under
     `<run_id>/<index>`; its record names the plan's approval, whose audit trail gets an `executed`
-    entry for it."""
+    entry for it (sent at once, or given to `hold`, as `run_alone` does)."""
     run = await run_tool(
         ctx,
         tool,
@@ -196,7 +197,10 @@ async def run_in_plan(
                 "idempotency_key": action.idempotency_key,
             },
         )
-        bookkeeping.send_entry(ctx, entry)
+        if hold is None:
+            bookkeeping.send_entry(ctx, entry)
+        else:  # the caller's own next bookkeeping call carries it
+            hold(entry)
     if run.at is not None and webhooks:
         events.in_plan_executed(ctx, tenant, run_id, action, run.at)
     return action

@@ -74,7 +74,7 @@ class RunBook:
     """The run's state plus the context that persists it; `save` after every transition.
     Actions are append-only; approvals may change in place and are compared with what was saved.
     `unsent` holds, per approval, what its bookkeeping learns until `handlers.approval.ledger.flush`
-    sends it (one call per approval).
+    sends it (one call for them all, to the run's shard).
 
     An approval `hand_over` was called for (its own workflow has been started) is, while pending,
     listed in the header only: its record lives in that workflow, which readers ask (`pending_ids`),

@@ -6,12 +6,13 @@ the chain and the same content returns the existing entry, so a retried step nev
 the same id with *different* content is never silently kept or dropped: it is appended too, logged,
 and `verify` reports the conflict, so a forged or corrupted entry cannot hide the real one.
 
-Where it is kept: the approval's shard of `Bookkeeping` (handlers.objects.bookkeeping) holds the
-chain, written by the one call per phase that also brings the inboxes and the trust figures up to
-date. An approval whose trail an older version began in the `ApprovalAudit` object itself keeps
-that chain there (its `append` handlers stay for runs still waiting on that version); `entries`
-returns both, the object's first, and `verify` checks each chain on its own (a chain starts at
-sequence 0). Only Countersign's own services can append (`ingress_private`); the ingress can only read.
+Where it is kept: its run's shard of `Bookkeeping` (handlers.objects.bookkeeping) holds the chain,
+written by the one call per phase that also brings the inboxes and the trust figures up to date.
+An approval whose trail an older version began elsewhere keeps that chain there: in the
+`ApprovalAudit` object itself (its `append` handlers stay for runs still waiting on that version),
+or in the shard the first `Bookkeeping` picked by the approval id. `entries` returns them all,
+oldest first, and `verify` checks each chain on its own (a chain starts at sequence 0). Only
+Countersign's own services can append (`ingress_private`); the ingress can only read.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pydantic import BaseModel, Field
 from restate import ObjectContext, ObjectSharedContext
 
 from handlers import retention
-from handlers.objects.shards import ask_books, books_key
+from handlers.objects.shards import ask_books, books_key, first_books_key
 
 logger = logging.getLogger("countersign.audit")
 
@@ -92,7 +93,7 @@ def chain(prev: str, seq: int, entry: AuditEntry) -> ChainedEntry:
 
 def verify(entries: list[ChainedEntry]) -> list[str]:
     """Problems in one approval's trail, in order; empty when it is intact. The trail is one chain,
-    or two (see above): a second chain begins where an entry starts over at sequence 0."""
+    or several (see above): each further chain begins where an entry starts over at sequence 0."""
     problems: list[str] = []
     starts = [i for i, entry in enumerate(entries) if i == 0 or entry.seq == 0]
     for begin, end in zip(starts, [*starts[1:], len(entries)], strict=True):
@@ -175,8 +176,13 @@ def _content(entry: AuditEntry) -> dict[str, Any]:
 
 @approval_audit.handler(name="entries", kind="shared", journal_retention=retention.NO_JOURNAL)
 async def entries(ctx: ObjectSharedContext) -> AuditLog:
-    """The approval's whole trail: what this object kept (an older version's chain), then its chain
-    in the approval's `Bookkeeping` shard."""
-    own = await ctx.get(_KEY, type_hint=AuditLog) or AuditLog(approval_id=ctx.key())
-    kept = await ask_books(ctx, "audit", books_key(ctx.key()), ctx.key(), AuditLog)
-    return AuditLog(approval_id=ctx.key(), entries=[*own.entries, *kept.entries])
+    """The approval's whole trail, oldest chain first: what this object kept (an older version's
+    chain), its chain in the shard the first `Bookkeeping` picked by the approval id, then its chain
+    in its run's shard (handlers.objects.shards). Each is a chain of its own (see `verify`)."""
+    own = ctx.get(_KEY, type_hint=AuditLog)
+    shards = list(dict.fromkeys([first_books_key(ctx.key()), books_key(ctx.key())]))
+    kept = [ask_books(ctx, "audit", shard, ctx.key(), AuditLog) for shard in shards]
+    entries = list((await own or AuditLog(approval_id=ctx.key())).entries)
+    for chain in kept:
+        entries += (await chain).entries
+    return AuditLog(approval_id=ctx.key(), entries=entries)

@@ -1,19 +1,20 @@
-"""`Bookkeeping`: one call per approval and phase keeps its inboxes, audit trail and trust sample.
+"""`Bookkeeping`: one call per run and phase keeps its approvals' inboxes, audit trails and trust samples.
 
-Guarantee: what an approval tells the world at one point of its life (requested and emailed; voted,
-decided, executed; reminded, escalated, reassigned) reaches its shard of this object as one journaled
-one-way send (`apply`), so the bookkeeping of an approval costs one invocation per phase, however
-many approvers, entries and figures it touches. Each part is applied as its own object applies it:
-audit entries chained in order and never twice (handlers.objects.audit), inbox events idempotent
-with an older round never overwriting a newer one (handlers.objects.inbox), a trust sample counted
-once per approval (handlers.objects.trust). A shard is picked by the approval id alone
-(handlers.objects.shards), so approvals of one approver or one tool spread over `SHARDS` keys and no
-key is shared by every run of one approver or one tool. Its state is read lazily, key by key (a
-shard holds many approvals' trails), and never listed; a call asks for the few values it reads
-(the approval's chain, each approver's index, the tool's ring head) at once, in one round trip.
+Guarantee: what a run's approvals (and its autonomous calls) tell the world at one point of its life
+(requested and emailed; voted, decided, executed; reminded, escalated, reassigned; run alone) reaches
+the run's shard of this object as one journaled one-way send (`apply_run`), so bookkeeping costs one
+invocation per phase, however many approvals, approvers, entries and figures it touches. Each part
+is applied as its own object applies it: audit entries chained in order and never twice
+(handlers.objects.audit), inbox events idempotent with an older round never overwriting a newer one
+(handlers.objects.inbox), a trust sample counted once per approval (handlers.objects.trust). A shard
+is picked by the run (handlers.objects.shards), so approvals of one approver or one tool spread over
+`SHARDS` keys and no key is shared by every run of one approver or one tool. Its state is read
+lazily, key by key (a shard holds many approvals' trails), and never listed; a call asks for the few
+values it reads (the approvals' chains, each approver's index, each tool's ring head) at once, in one
+round trip.
 
-Only Countersign's own services write here (`apply` is `ingress_private`), and the readers are
-private too: the ingress reads the views that gather them, `ApprovalInbox/<email>/pending`,
+Only Countersign's own services write here (`apply_run` and `apply` are `ingress_private`), and the
+readers are private too: the ingress reads the views that gather them, `ApprovalInbox/<email>/pending`,
 `ApprovalAudit/<approval id>/entries` and `ToolStats/<tool>/stats`.
 """
 
@@ -36,7 +37,7 @@ from handlers.objects.inbox import (
     booked_key,
     save_index,
 )
-from handlers.objects.shards import BOOKS_SERVICE, books_key
+from handlers.objects.shards import BOOKS_SERVICE, books_key, first_books_key
 from handlers.objects.trust import OutcomeSample, RingHead, Samples, book_sample, booked_head, booked_samples
 
 bookkeeping = restate.VirtualObject(
@@ -67,35 +68,71 @@ def audit_key(approval_id: str) -> str:
     return f"audit:{approval_id}"
 
 
+class RunNotices(BaseModel):
+    """What several approvals of one run tell their shard at once, each approval's in order."""
+
+    notices: list[Notices]
+
+
 # Only the approvals' own services send here (journaled sends); from the ingress anyone could write
 # a predictable audit entry, an inbox entry, or a sample that skews the trust ramp.
+@bookkeeping.handler(
+    name="apply_run", enable_lazy_state=True, journal_retention=retention.NO_JOURNAL, ingress_private=True
+)
+async def apply_run(ctx: ObjectContext, batch: RunNotices) -> None:
+    """Apply a run's notices. Each part is idempotent but the sample, which each approval sends
+    once (see handlers.objects.trust)."""
+    await _apply(ctx, batch.notices)
+
+
+# One approval's notices: an entry sent on its own (`send_entry`, with an idempotency key), and what
+# the first version of this object was sent (runs still waiting on it send here).
 @bookkeeping.handler(name="apply", enable_lazy_state=True, journal_retention=retention.NO_JOURNAL, ingress_private=True)
 async def apply(ctx: ObjectContext, notices: Notices) -> None:
-    """Apply one approval's notices. Each part is idempotent but the sample, which each approval
-    sends once (see handlers.objects.trust)."""
-    approval_id = notices.approval_id
-    if books_key(approval_id) != ctx.key():
-        return  # not this shard's approval: only a bug of ours could send it here
+    """Apply one approval's notices, as `apply_run` does."""
+    await _apply(ctx, [notices])
+
+
+async def _apply(ctx: ObjectContext, batch: list[Notices]) -> None:
+    # Not this shard's approval: only a bug of ours could send it here. The first version's senders
+    # picked the shard by the approval id (handlers.objects.shards), and their runs may still send.
+    mine = [n for n in batch if ctx.key() in (books_key(n.approval_id), first_books_key(n.approval_id))]
     # Every value this call reads is asked for before any is awaited: one round trip for them all.
-    chain = ctx.get(audit_key(approval_id), type_hint=AuditLog) if notices.audit else None
-    approvers = sorted({notice.approver for notice in notices.inbox})
+    trails = sorted({n.approval_id for n in mine if n.audit})
+    chains = {a: ctx.get(audit_key(a), type_hint=AuditLog) for a in trails}
+    approvers = sorted({notice.approver for n in mine for notice in n.inbox})
     indexes = {approver: ctx.get(booked_key(approver), type_hint=InboxIndex) for approver in approvers}
-    head = ctx.get(booked_head(notices.tool), type_hint=RingHead) if notices.sample and notices.tool else None
-    if chain is not None:
+    tools = sorted({n.tool for n in mine if n.sample and n.tool})
+    heads = {tool: ctx.get(booked_head(tool), type_hint=RingHead) for tool in tools}
+    for approval_id, chain in chains.items():
         log = await chain or AuditLog(approval_id=approval_id)
-        append_loaded(ctx, audit_key(approval_id), log, notices.audit)
-    for approver in approvers:
-        index = await indexes[approver] or InboxIndex()
-        changed = [book_event(ctx, approver, n.event, index) for n in notices.inbox if n.approver == approver]
+        entries = [entry for n in mine if n.approval_id == approval_id for entry in n.audit]
+        append_loaded(ctx, audit_key(approval_id), log, entries)
+    for approver, asked_index in indexes.items():
+        index = await asked_index or InboxIndex()
+        # A list, not a generator: every event is booked, whether or not an earlier one changed the index.
+        changed = [book_event(ctx, approver, x.event, index) for n in mine for x in n.inbox if x.approver == approver]
         if any(changed):
             save_index(ctx, approver, index)
-    if head is not None and notices.sample is not None:
-        book_sample(ctx, notices.tool, await head or RingHead(), notices.sample)
+    for tool, asked_head in heads.items():
+        head = await asked_head or RingHead()
+        for n in mine:
+            if n.sample is not None and n.tool == tool:
+                book_sample(ctx, tool, head, n.sample)
 
 
 def send(ctx: restate.Context, notices: Notices, *, idempotency_key: str | None = None) -> None:
     """Send one approval's notices to its shard (a journaled one-way send)."""
     ctx.object_send(apply, key=books_key(notices.approval_id), arg=notices, idempotency_key=idempotency_key)
+
+
+def send_run(ctx: restate.Context, batch: list[Notices]) -> None:
+    """Send approvals' notices, one call per shard (a run's approvals share one), in their order."""
+    by_key: dict[str, list[Notices]] = {}
+    for notices in batch:
+        by_key.setdefault(books_key(notices.approval_id), []).append(notices)
+    for key, notices_of_key in by_key.items():
+        ctx.object_send(apply_run, key=key, arg=RunNotices(notices=notices_of_key))
 
 
 def send_entry(ctx: restate.Context, entry: AuditEntry, *, once_per_entry: bool = False) -> None:

@@ -3,7 +3,7 @@
 Guarantee: an inbox changes only through the events the approvals send on every transition
 (requested, reminded, escalated, reassigned, decided, closed), so it converges on their own state;
 applying the same event twice changes nothing, and an older round never overwrites a newer one.
-The entries live in the approval's shard of `Bookkeeping` (handlers.objects.bookkeeping), which
+The entries live in the run's shard of `Bookkeeping` (handlers.objects.bookkeeping), which
 takes them in the same call as the approval's audit entries and trust sample, under the approver's
 address hashed (`booked_key`: a key name is not sealed like a value, so the address is not spelled
 out in it; the hash only hides it from a casual look, it is not a secret); `pending` on the

@@ -1,13 +1,14 @@
 """Spreading what the approvals leave behind over several Virtual Object keys.
 
-Guarantee: an approval always maps to the same shard (a SHA-256 of the approval id, the same in every
-process and after every restart, unlike Python's `hash`), so its events meet in one object and stay
-ordered and idempotent there, while approvals of the same approver or tool land on `SHARDS`
-different keys and do not queue behind one another. Today's keys are `Bookkeeping`'s, the shard
-number alone (`books_key`). An older version kept an approver's inbox and a tool's figures on keys
-of their own objects, the approver's or tool's name, `#`, and the shard number (`shard_key`): never
-a valid email address or tool name, so it cannot collide with a key of its own; the views still
-read those.
+Guarantee: an approval always maps to the same shard (a SHA-256, the same in every process and after
+every restart, unlike Python's `hash`), so its events meet in one object and stay ordered and
+idempotent there, while approvals of the same approver or tool land on `SHARDS` different keys and do
+not queue behind one another. Today's keys are `Bookkeeping`'s, the shard number alone, picked by
+the approval's run (`books_key`), so that all a run's approvals and autonomous calls tell at one
+point travel in one call. The first version of `Bookkeeping` picked by the approval id itself
+(`first_books_key`); an older one kept an approver's inbox and a tool's figures on keys of their own
+objects, the approver's or tool's name, `#`, and the shard number (`shard_key`): never a valid email
+address or tool name, so it cannot collide with a key of its own. The views still read both.
 """
 
 from __future__ import annotations
@@ -52,8 +53,21 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def books_key(approval_id: str) -> str:
-    """The `Bookkeeping` key that holds what is kept about `approval_id`."""
+    """The `Bookkeeping` key that holds what is kept about `approval_id`: its run's shard."""
+    return f"{shard_of(_run_part(approval_id)):02d}"
+
+
+def first_books_key(approval_id: str) -> str:
+    """Where the first version of `Bookkeeping` kept `approval_id` (by the approval id itself); an
+    approval that began before the upgrade has the start of its trail there."""
     return f"{shard_of(approval_id):02d}"
+
+
+def _run_part(approval_id: str) -> str:
+    """The run of an approval id (`<run id>-a<index>`, handlers.security.links); the id itself if it
+    is not of that form."""
+    run_id, sep, index = approval_id.rpartition("-a")
+    return run_id if sep and run_id and index.isdigit() else approval_id
 
 
 def books_keys() -> list[str]:
