@@ -58,20 +58,33 @@ async def wait_for_a_person(ctx: restate.Context, approval_id: str) -> None:
     )
 
 
+def first_waiting(approval_id: str) -> InboxEntry:
+    return InboxEntry(
+        approval_id=approval_id, run_id="first-run", tenant="default", tool="issue_refund", summary="first",
+        digest="0" * 64, round=1, requested_at=1.5, deadline=4102444800.0,
+    )
+
+
 @older.handler()
 async def first_bookkeeping_asked(ctx: restate.Context, approval_id: str) -> None:
     # What a run of the first `Bookkeeping` version sent when it asked: one call, to the shard that
     # version picked by the approval id.
-    waiting = InboxEntry(
-        approval_id=approval_id, run_id="first-run", tenant="default", tool="issue_refund", summary="first",
-        digest="0" * 64, round=1, requested_at=1.5, deadline=4102444800.0,
-    )
+    added = InboxEvent(change="add", entry=first_waiting(approval_id))
     notices = bookkeeping.Notices(
         approval_id=approval_id,
         audit=[entry(approval_id, "requested", "requested/r1", 1.5)],
-        inbox=[bookkeeping.InboxNotice(approver="finance@example.com", event=InboxEvent(change="add", entry=waiting))],
+        inbox=[bookkeeping.InboxNotice(approver="finance@example.com", event=added)],
     )
     ctx.object_send(bookkeeping.apply, key=first_books_key(approval_id), arg=notices)
+
+
+@older.handler()
+async def this_version_decides(ctx: restate.Context, approval_id: str) -> None:
+    # What this version's `Approval.run` sends when that approval ends (its run asked on the first
+    # version): the inbox removal, to the run's shard.
+    removed = InboxEvent(change="remove", entry=first_waiting(approval_id), why="approve")
+    notice = bookkeeping.InboxNotice(approver="finance@example.com", event=removed)
+    bookkeeping.send_run(ctx, [bookkeeping.Notices(approval_id=approval_id, inbox=[notice])])
 
 
 @older.handler()
@@ -140,8 +153,9 @@ def test_an_approval_the_first_bookkeeping_placed_by_its_id_keeps_its_inbox_entr
     stack: IsolatedStack,
 ) -> None:
     """The first `Bookkeeping` picked an approval's shard by the approval id; this one picks its run's.
-    An approval that began before the upgrade stays in the inbox, and its trail continues in its
-    run's shard: both chains show, oldest first, and each verifies."""
+    An approval that began before the upgrade stays in the inbox until its end, told to its run's
+    shard, takes it off; its trail continues in its run's shard: both chains show, oldest first, and
+    each verifies."""
     approval = next(a for a in (f"first-run-{n}-a0" for n in range(100)) if first_books_key(a) != books_key(a))
     assert stack.ingress.call("OlderVersion", None, "first_bookkeeping_asked", approval).status_code == 200
     wait_until(lambda: approval in _pending(stack), 30, "the approval in the approver's inbox")
@@ -149,3 +163,6 @@ def test_an_approval_the_first_bookkeeping_placed_by_its_id_keeps_its_inbox_entr
     trail = wait_until(lambda: t if len((t := _trail(stack, approval)).entries) == 2 else None, 30, "both chains")
     assert [(e.kind, e.seq) for e in trail.entries] == [("requested", 0), ("page_viewed", 0)]
     assert verify(trail.entries) == []
+    # Its end, told by this version to the run's shard, still takes it off the inbox.
+    assert stack.ingress.call("OlderVersion", None, "this_version_decides", approval).status_code == 200
+    wait_until(lambda: approval not in _pending(stack), 30, "the decided approval to leave the inbox")

@@ -11,7 +11,8 @@ is picked by the run (handlers.objects.shards), so approvals of one approver or 
 `SHARDS` keys and no key is shared by every run of one approver or one tool. Its state is read
 lazily, key by key (a shard holds many approvals' trails), and never listed; a call asks for the few
 values it reads (the approvals' chains, each approver's index, each tool's ring head) at once, in one
-round trip.
+round trip. The first version picked the shard by the approval id: an inbox entry it booked there is
+changed there (`_booked_first`), and the views read both places, so an upgrade loses nothing.
 
 Only Countersign's own services write here (`apply_run` and `apply` are `ingress_private`), and the
 readers are private too: the ingress reads the views that gather them, `ApprovalInbox/<email>/pending`,
@@ -108,17 +109,34 @@ async def _apply(ctx: ObjectContext, batch: list[Notices]) -> None:
         log = await chain or AuditLog(approval_id=approval_id)
         entries = [entry for n in mine if n.approval_id == approval_id for entry in n.audit]
         append_loaded(ctx, audit_key(approval_id), log, entries)
+    elsewhere: dict[str, list[InboxNotice]] = {}
     for approver, asked_index in indexes.items():
         index = await asked_index or InboxIndex()
-        # A list, not a generator: every event is booked, whether or not an earlier one changed the index.
-        changed = [book_event(ctx, approver, x.event, index) for n in mine for x in n.inbox if x.approver == approver]
-        if any(changed):
+        changed = False
+        for n in mine:
+            for notice in (x for x in n.inbox if x.approver == approver):
+                if _booked_first(ctx, n.approval_id, notice, index):
+                    elsewhere.setdefault(n.approval_id, []).append(notice)
+                elif book_event(ctx, approver, notice.event, index):
+                    changed = True
+        if changed:
             save_index(ctx, approver, index)
+    for approval_id, notices in elsewhere.items():
+        ctx.object_send(apply, key=first_books_key(approval_id), arg=Notices(approval_id=approval_id, inbox=notices))
     for tool, asked_head in heads.items():
         head = await asked_head or RingHead()
         for n in mine:
             if n.sample is not None and n.tool == tool:
                 book_sample(ctx, tool, head, n.sample)
+
+
+def _booked_first(ctx: ObjectContext, approval_id: str, notice: InboxNotice, index: InboxIndex) -> bool:
+    """Whether `notice` changes an inbox entry that the first version of this object booked in the
+    approval's other shard (by the approval id): a run still on that version asked, and this one's
+    `Approval.run` ends it. `_apply` passes such a notice on to that shard, where it applies."""
+    return (
+        notice.event.change != "add" and approval_id not in index.rounds and first_books_key(approval_id) != ctx.key()
+    )
 
 
 def send(ctx: restate.Context, notices: Notices, *, idempotency_key: str | None = None) -> None:
