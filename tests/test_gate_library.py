@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +14,8 @@ from typing import Any
 import pytest
 from support.approver import approval_emails, form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import REPO, IsolatedStack, StackFactory, wait_until
+from support.processes import IsolatedStack, StackFactory, wait_until
+from test_operations import cli
 
 USER_MODULE = '''
 from typing import Any
@@ -246,18 +245,6 @@ def test_an_approval_cancelled_before_its_workflow_started_ends_cancelled(stack:
     assert refunds_for(stack.db_path, "desk-5") == []
 
 
-def cli(stack: IsolatedStack, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        "RESTATE_INGRESS_URL": stack.restate.ingress_url,
-        "RESTATE_ADMIN_URL": stack.restate.admin_url,
-        "COUNTERSIGN_JOURNAL_KEYS": stack.restate.journal_keys,
-        "PATH": "/usr/bin:/bin",
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "handlers", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
-    )
-
-
 def test_an_operator_shows_and_cancels_the_approvals_a_users_handler_asked(stack: IsolatedStack) -> None:
     """`pending` lists them by approval id; `show` and `cancel` take that id (no run of AgentRun holds
     them), and `cancel --older-than` reaches them too. The user's handler hears `cancelled`."""
@@ -267,26 +254,26 @@ def test_an_operator_shows_and_cancels_the_approvals_a_users_handler_asked(stack
         ask = {"run_id": run, "tool": "issue_refund", "args": refund(order, "700.00")}
         asked[run] = stack.ingress.send("RefundCheck", None, "ask", ask)
         wait_for_email(stack.outbox_dir, run)
-    shown = cli(stack, "show", "ops-1-a0", "--json")
+    shown = cli(stack.restate, "show", "ops-1-a0", "--json")
     assert shown.returncode == 0, shown.stderr
     status = json.loads(shown.stdout)
     assert status["run_id"] == "ops-1" and [p["approval_id"] for p in status["pending"]] == ["ops-1-a0"]
     assert [e["kind"] for e in status["audit"]["ops-1-a0"]][:1] == ["requested"]
 
-    one = cli(stack, "cancel", "ops-1-a0", "--reason", "withdrawn", "--json")
+    one = cli(stack.restate, "cancel", "ops-1-a0", "--reason", "withdrawn", "--json")
     assert one.returncode == 0, one.stderr
     assert json.loads(one.stdout) == {"run_id": "ops-1", "accepted": True, "cancelled_approvals": ["ops-1-a0"]}
     outcome = stack.ingress.wait_invocation(asked["ops-1"]).json()
     assert outcome["verdict"] == "cancelled" and outcome["reason"] == "withdrawn"
 
-    wait_until(lambda: json.loads(cli(stack, "pending", "--older-than", "1s", "--json").stdout), 20, "age")
-    stale = cli(stack, "cancel", "--older-than", "1s", "--reason", "stale", "--json")
+    wait_until(lambda: json.loads(cli(stack.restate, "pending", "--older-than", "1s", "--json").stdout), 20, "age")
+    stale = cli(stack.restate, "cancel", "--older-than", "1s", "--reason", "stale", "--json")
     assert stale.returncode == 0, stale.stderr
     assert [(r["run_id"], r["accepted"], r["cancelled_approvals"]) for r in json.loads(stale.stdout)] == [
         ("ops-2", True, ["ops-2-a0"])
     ]
     assert stack.ingress.wait_invocation(asked["ops-2"]).json()["verdict"] == "cancelled"
-    assert json.loads(cli(stack, "pending", "--json").stdout) == []
+    assert json.loads(cli(stack.restate, "pending", "--json").stdout) == []
     # An id that is neither a run nor an approval cancels nothing ahead: a later approval under it waits.
-    assert json.loads(cli(stack, "cancel", "ops-3-a0", "--reason", "x", "--json").stdout)["accepted"] is False
+    assert json.loads(cli(stack.restate, "cancel", "ops-3-a0", "--reason", "x", "--json").stdout)["accepted"] is False
     assert stack.ingress.call("Approval", "ops-3-a0", "status", None).json()["phase"] == "unknown"

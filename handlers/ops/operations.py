@@ -171,14 +171,14 @@ class Operations:
         status["webhooks"] = self._call("WebhookLog", status["run_id"], "outcomes", None)["outcomes"]
         return dict(status)
 
-    def _is_agent_run(self, run_id: str) -> bool:
-        """Reads the run's (read-only) status: a missing or wrong key stops here, before any write."""
-        return bool(self._call("AgentRun", run_id, "status", None).get("phase") != "unknown")
+    def _known(self, service: str, key: str) -> bool:
+        """Whether `service/key` (`AgentRun` or `Approval`) has state, read from its read-only status."""
+        return bool(self._call(service, key, "status", None).get("phase") != "unknown")
 
     def _check_keys(self, run_id: str) -> None:
         """Open the run's (read-only) status before a write: a missing or wrong key stops here, not
         after the handler has acted on a request it could read but whose answer we cannot."""
-        self._is_agent_run(run_id)
+        self._known("AgentRun", run_id)
 
     def reassign(self, approval_id: str, to: str, replacing: str | None, reason: str, by: str) -> dict[str, Any]:
         self._check_keys(run_of(approval_id))
@@ -189,27 +189,25 @@ class Operations:
         """Cancel an agent run (its pending approvals with it), or one approval by its id: one that a
         gate in your own handler asked, which no run of `AgentRun` holds. An id that is neither is
         answered by `AgentRun.cancel` as before (not accepted): `Approval.cancel` would cancel ahead
-        an approval that might start later under that id."""
-        request = CancelRequest(reason=reason).model_dump()
-        if not self._is_agent_run(run_id) and self._is_approval(run_id):
-            return dict(self._call("Approval", run_id, "cancel", request))
-        return dict(self._call("AgentRun", run_id, "cancel", request))
+        an approval that might start later under that id. The first read also checks the key."""
+        if not self._known("AgentRun", run_id) and self._known("Approval", run_id):
+            return self._cancel("Approval", run_id, reason)
+        return self._cancel("AgentRun", run_id, reason)
 
-    def _is_approval(self, approval_id: str) -> bool:
-        return bool(self._call("Approval", approval_id, "status", None).get("phase") != "unknown")
+    def _cancel(self, service: str, key: str, reason: str) -> dict[str, Any]:
+        return dict(self._call(service, key, "cancel", CancelRequest(reason=reason).model_dump()))
 
     def cancel_older_than(self, limit: int, reason: str, now: float) -> list[dict[str, Any]]:
         """Every agent run with an approval waiting longer than `limit`, and every such approval that
         a gate in your own handler asked (your handler hears `cancelled` and goes on as it decides)."""
         stale = self.pending(older_than=limit, now=now)
-        request = CancelRequest(reason=reason).model_dump()
         receipts = []
         for run_id in sorted({row["run_id"] for row in stale}):
-            if self._is_agent_run(run_id):
-                receipts.append(dict(self._call("AgentRun", run_id, "cancel", request)))
+            if self._known("AgentRun", run_id):
+                receipts.append(self._cancel("AgentRun", run_id, reason))
                 continue
             for approval_id in sorted(row["approval_id"] for row in stale if row["run_id"] == run_id):
-                receipts.append(dict(self._call("Approval", approval_id, "cancel", request)))
+                receipts.append(self._cancel("Approval", approval_id, reason))
         return receipts
 
     def inbox_revoke(self, approver: str) -> dict[str, Any]:

@@ -71,6 +71,11 @@ def load(spec: str) -> list[RestateService]:
         raise ServicesError(f"{SETTING}: {spec} {exc}") from None
 
 
+def user_services(settings: Settings) -> list[RestateService]:
+    """The services COUNTERSIGN_SERVICES names, in order."""
+    return [service for spec in settings.countersign_services for service in load(spec)]
+
+
 def _as_services(value: object) -> list[RestateService]:
     items: list[object] = list(value) if isinstance(value, list | tuple) else [value]
     services = [item for item in items if isinstance(item, RestateService)]
@@ -83,7 +88,7 @@ def _as_services(value: object) -> list[RestateService]:
 def endpoint_services(settings: Settings, extra: Sequence[object] = ()) -> list[RestateService]:
     """Countersign's services, those named by COUNTERSIGN_SERVICES, then `extra` (create_app's)."""
     served = countersign_services()
-    _add(served, [service for spec in settings.countersign_services for service in load(spec)], SETTING)
+    _add(served, user_services(settings), SETTING)
     try:
         extra_services = _as_services(list(extra)) if extra else []
     except ServicesError as exc:

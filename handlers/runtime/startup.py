@@ -13,7 +13,7 @@ import logging
 
 from handlers.channels import uses_slack
 from handlers.llm import ModelUnavailable, check_model
-from handlers.runtime.services import SETTING, ServicesError, endpoint_services, load
+from handlers.runtime.services import SETTING, ServicesError, endpoint_services, user_services
 from handlers.settings import Settings, require_production_keys, require_signing_keys
 from handlers.tools import default_registry
 from handlers.tools.registry import Registry
@@ -61,5 +61,5 @@ def check(settings: Settings) -> None:
     # Only once everything checked out, so that a refusal is the one line the process prints.
     log.info("tools: %s: %s", tools.source, ", ".join(tools.names()))
     if settings.countersign_services:
-        own = [service.name for spec in settings.countersign_services for service in load(spec)]
-        log.info("services: %s=%s: %s", SETTING, ",".join(settings.countersign_services), ", ".join(own))
+        own = ", ".join(service.name for service in user_services(settings))
+        log.info("services: %s=%s: %s", SETTING, ",".join(settings.countersign_services), own)
