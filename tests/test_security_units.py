@@ -340,7 +340,9 @@ def production(**values: Any) -> Settings:
     return Settings(countersign_env="production", approvals_signing_keys="k1:" + "s" * 32, **values)  # type: ignore[arg-type]
 
 
-def test_production_refuses_to_start_without_identity_or_journal_keys(tmp_path: Path) -> None:
+def test_production_refuses_to_start_without_identity_or_journal_keys(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     public = identity.ensure_key_pair(tmp_path / "id.pem")
     ok = {"restate_identity_keys": public, "countersign_journal_keys": f"j1:{b64(K1)}"}
     outbox = {"approvals_outbox_dir": tmp_path / "outbox"}
@@ -348,8 +350,15 @@ def test_production_refuses_to_start_without_identity_or_journal_keys(tmp_path: 
         startup.check(production(**{**ok, "restate_identity_keys": ""}, **outbox))
     with pytest.raises(SystemExit, match="COUNTERSIGN_JOURNAL_KEYS"):
         startup.check(production(**{**ok, "countersign_journal_keys": ""}, **outbox))
-    startup.check(production(**ok, **outbox))
-    startup.check(Settings(countersign_env="dev", approvals_signing_keys="k1:" + "s" * 32, **outbox))  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="handlers.runtime.startup"):
+        startup.check(production(**ok, **outbox))
+        assert not caplog.records, "production with its keys starts without a warning"
+        startup.check(Settings(countersign_env="dev", approvals_signing_keys="k1:" + "s" * 32, **outbox))  # type: ignore[arg-type]
+    # Dev may run without them, but says so: nobody should take a plaintext journal for a sealed one.
+    warned = [record.getMessage() for record in caplog.records]
+    assert len(warned) == 2
+    assert warned[0].startswith("RESTATE_IDENTITY_KEYS is not set: the Restate endpoint accepts unsigned requests")
+    assert warned[1].startswith("COUNTERSIGN_JOURNAL_KEYS is not set: journal values (arguments, emails) are stored")
 
 
 # -- scrubbing failures, which bypass the codec ----------------------------------------------------

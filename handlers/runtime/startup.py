@@ -4,7 +4,7 @@ Guarantee: missing signing keys, an unreadable policy file, tools that do not lo
 (COUNTERSIGN_TOOLS), an unknown default model, an unwritable outbox or a `COUNTERSIGN_SERVICES` entry
 that cannot be served stop the process with a one-line reason, before any request is accepted; so do
 missing request identity keys or journal keys outside dev/test (an endpoint anyone could invoke, a
-journal in plaintext).
+journal in plaintext). In dev/test, running without them is allowed and said in one warning line each.
 """
 
 from __future__ import annotations
@@ -40,6 +40,24 @@ def require_slack(settings: Settings, tools: Registry) -> None:
             raise SystemExit(f"{setting} is not set: the policy of {', '.join(named)} sends approvals through Slack")
 
 
+def warn_relaxed(settings: Settings) -> None:
+    """What dev/test lets through that production refuses, so nobody mistakes it for protection."""
+    if not settings.is_dev:
+        return
+    if not settings.restate_identity_keys:
+        log.warning(
+            "RESTATE_IDENTITY_KEYS is not set: the Restate endpoint accepts unsigned requests "
+            "(allowed because COUNTERSIGN_ENV=%s)",
+            settings.countersign_env,
+        )
+    if not settings.countersign_journal_keys:
+        log.warning(
+            "COUNTERSIGN_JOURNAL_KEYS is not set: journal values (arguments, emails) are stored in plaintext "
+            "(allowed because COUNTERSIGN_ENV=%s)",
+            settings.countersign_env,
+        )
+
+
 def check(settings: Settings) -> None:
     require_signing_keys(settings)
     tools = default_registry()
@@ -59,6 +77,7 @@ def check(settings: Settings) -> None:
     except ServicesError as exc:
         raise SystemExit(str(exc)) from None
     # Only once everything checked out, so that a refusal is the one line the process prints.
+    warn_relaxed(settings)
     log.info("tools: %s: %s", tools.source, ", ".join(tools.names()))
     if settings.countersign_services:
         own = ", ".join(service.name for service in user_services(settings))
