@@ -180,5 +180,23 @@ def test_the_installed_wheel_serves_one_approval_from_outside_the_checkout(
     assert not (folder / "email_templates").exists() and not (folder / "hypercorn.toml").exists()
 
 
+def test_dev_from_the_installed_wheel_says_it_needs_a_checkout_and_writes_nothing(venv: Path, tmp_path: Path) -> None:
+    # The dev stack starts the checkout's pinned restate-server with its restate.toml; neither is in the
+    # wheel. A new user who tries it gets one line that says where it runs instead, and an untouched folder.
+    done = subprocess.run(
+        [str(venv), "-m", "handlers", "dev"],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("`python -m handlers dev` runs from a source checkout"), done.stderr
+    assert "run scripts/dev there" in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert list(tmp_path.iterdir()) == [], "nothing written: no .restate/ keys, no .outbox/"
+
+
 def site_packages(python: Path) -> Path:
     return python.parent.parent / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"

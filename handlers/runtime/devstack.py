@@ -47,7 +47,23 @@ NO_JOURNAL_KEYS = (
 )
 
 
+NOT_A_CHECKOUT = (
+    "`python -m handlers dev` runs from a source checkout of Countersign (it needs the checkout's "
+    "restate.toml and the restate-server that `npm ci` pins): run scripts/dev there. An installed wheel "
+    "runs `python -m handlers serve` next to a restate-server of your own (README: Deploying)"
+)
+
+
+def restate_config() -> Path:
+    """The checkout's `restate.toml`; the process stops with one line when this is not a checkout."""
+    config = REPO / "restate.toml"
+    if not (config.is_file() and (REPO / "package.json").is_file()):
+        raise SystemExit(NOT_A_CHECKOUT)
+    return config
+
+
 def restate_binary(name: str = "restate-server") -> Path:
+    restate_config()
     arch = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine().lower(), "")
     system = platform.system().lower()
     package = "restate-server" if name == "restate-server" else "restate"
@@ -116,6 +132,8 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 15) -> None:
 
 
 def run_dev(demo: bool) -> int:
+    # Before anything is written to the folder: from an installed wheel there is nothing to start.
+    config, binary = restate_config(), restate_binary()
     os.environ.setdefault("COUNTERSIGN_ENV", "dev")
     signing = _dev_secret("dev-signing-keys", f"dev1:{secrets.token_urlsafe(32)}")
     os.environ.setdefault("APPROVALS_SIGNING_KEYS", signing)
@@ -135,9 +153,9 @@ def run_dev(demo: bool) -> int:
     with open(DATA_DIR / "restate-server.log", "ab") as log:
         server = subprocess.Popen(
             [
-                str(restate_binary()),
+                str(binary),
                 "--config-file",
-                str(REPO / "restate.toml"),
+                str(config),
                 "--base-dir",
                 str(DATA_DIR),
                 "--no-logo",
