@@ -22,7 +22,7 @@ from handlers.security import links
 from handlers.settings import Settings
 from handlers.web import wording
 from handlers.web.runs_client import RunCallFailed, RunsClient
-from handlers.web.views import notice, page, remaining, when
+from handlers.web.views import form_notice, page, remaining, when
 
 
 def items_for(
@@ -72,6 +72,7 @@ async def decide_items(
     link_round: int,
     form: FormData,
     client: str,
+    back: str,
 ) -> Response:
     chosen: list[tuple[ApprovalRecord, int, Literal["approve", "reject"], str]] = []
     for item, slot in items_for(status, record, approver, link_round):
@@ -82,9 +83,11 @@ async def decide_items(
             case "reject" if reason:
                 chosen.append((item, slot, "reject", reason))
             case "reject":
-                return notice(400, "Reason required", f"Say why you reject “{item.summary}”. Nothing was decided.")
+                why = f"Say why you reject “{item.summary}”. Nothing was decided."
+                return form_notice(400, "Reason required", why, back=back)
     if not chosen:
-        return notice(400, "Nothing chosen", "Choose Approve or Reject for at least one action. Nothing was decided.")
+        nothing = "Choose Approve or Reject for at least one action. Nothing was decided."
+        return form_notice(400, "Nothing chosen", nothing, back=back)
     outcomes: list[tuple[ApprovalRecord, DecisionReceipt | None, str]] = []
     unconfirmed = False
     for item, slot, verdict, reason in chosen:
