@@ -259,6 +259,9 @@ def test_an_operator_shows_and_cancels_the_approvals_a_users_handler_asked(stack
     status = json.loads(shown.stdout)
     assert status["run_id"] == "ops-1" and [p["approval_id"] for p in status["pending"]] == ["ops-1-a0"]
     assert [e["kind"] for e in status["audit"]["ops-1-a0"]][:1] == ["requested"]
+    by_run = cli(stack.restate, "show", "ops-1")
+    assert by_run.returncode == 1, "the caller's run id is no run of AgentRun"
+    assert "ops-1 is not a run of AgentRun; its approvals (show one by its id): ops-1-a0" in by_run.stderr
 
     one = cli(stack.restate, "cancel", "ops-1-a0", "--reason", "withdrawn", "--json")
     assert one.returncode == 0, one.stderr

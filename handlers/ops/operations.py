@@ -166,6 +166,13 @@ class Operations:
         if status.get("phase") == "unknown":
             status = self._call("Approval", run_id, "status", None)
         if status.get("phase") == "unknown":
+            # A gate in your own handler keys its approvals `<run_id>-a<index>`: name them, since the
+            # run id is what its caller knows.
+            asked = sorted(a for run in self.runs() if run.run_id == run_id for a in run.approvals)
+            if asked:
+                raise OperationError(
+                    f"{run_id} is not a run of AgentRun; its approvals (show one by its id): {', '.join(asked)}"
+                )
             raise OperationError(f"no run or approval {run_id}")
         status["audit"] = {a["approval_id"]: self.audit_log(a["approval_id"]) for a in status["approvals"]}
         status["webhooks"] = self._call("WebhookLog", status["run_id"], "outcomes", None)["outcomes"]
