@@ -280,3 +280,29 @@ def test_an_operator_shows_and_cancels_the_approvals_a_users_handler_asked(stack
     # An id that is neither a run nor an approval cancels nothing ahead: a later approval under it waits.
     assert json.loads(cli(stack.restate, "cancel", "ops-3-a0", "--reason", "x", "--json").stdout)["accepted"] is False
     assert stack.ingress.call("Approval", "ops-3-a0", "status", None).json()["phase"] == "unknown"
+
+
+def test_a_run_id_and_index_place_one_approval_once(stack: IsolatedStack) -> None:
+    """Asking again at a placement that was already asked is refused with a message that says why, not
+    Restate's bare 'already invoked'; the first approval keeps its outcome and nothing runs twice."""
+    ahead = stack.ingress.call("Approval", "desk-6-a0", "cancel", {"reason": "withdrawn"}).json()
+    assert ahead["accepted"] is True
+    order = new_order(stack.db_path, 90000)
+    ask = {"run_id": "desk-6", "tool": "issue_refund", "args": refund(order, "700.00")}
+    first = stack.ingress.wait_invocation(stack.ingress.send("RefundDesk", "customer-6", "act", ask)).json()
+    assert first["outcome"] == "cancelled"
+    again = stack.ingress.wait_invocation(stack.ingress.send("RefundDesk", "customer-6b", "act", ask))
+    assert again.status_code == 409
+    assert "desk-6-a0 was already asked" in again.text
+    assert refunds_for(stack.db_path, "desk-6") == []
+
+    # The same while the first approval still waits: the second caller is refused, the first is not.
+    ask = {"run_id": "desk-7", "tool": "issue_refund", "args": refund(new_order(stack.db_path, 90000), "700.00")}
+    waiting = stack.ingress.send("RefundDesk", "customer-7", "act", ask)
+    wait_for_email(stack.outbox_dir, "desk-7")
+    twice = stack.ingress.wait_invocation(stack.ingress.send("RefundDesk", "customer-7b", "act", ask))
+    assert twice.status_code == 409 and "desk-7-a0 was already asked" in twice.text
+    # Its request email went out under the first one's idempotency key: the approver has one email.
+    assert len(approval_emails(stack.outbox_dir, "desk-7", "request")) == 1
+    assert stack.ingress.call("Approval", "desk-7-a0", "cancel", {"reason": "done"}).json()["accepted"] is True
+    assert stack.ingress.wait_invocation(waiting).json()["outcome"] == "cancelled"

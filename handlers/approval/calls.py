@@ -247,7 +247,18 @@ async def _approval(
     request = ApprovalRequest(
         record=record, policy=asked.verdict, goal=facts.goal, model=facts.model, act=act, delivered=delivered
     )
-    return await ctx.workflow_call(approval_run, key=record.approval_id, arg=request)
+    try:
+        return await ctx.workflow_call(approval_run, key=record.approval_id, arg=request)
+    except TerminalError as exc:
+        # Restate runs a workflow once per key: this placement was asked before (its approval keeps
+        # its own outcome, and nothing ran again). Say so in the caller's terms, not Restate's.
+        if exc.status_code != 409:
+            raise
+        raise TerminalError(
+            f"approval {record.approval_id} was already asked (run_id {record.run_id!r}, index {index}): "
+            "a run_id and index place one approval, once; pass a new run_id or index to ask again",
+            409,
+        ) from None
 
 
 async def _ask_people(book: RunBook, waiters: list[Waiter]) -> list[int]:
