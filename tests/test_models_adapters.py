@@ -312,7 +312,7 @@ def test_a_missing_sdk_extra_names_the_extra(provider_settings: pytest.MonkeyPat
     get_settings.cache_clear()
     provider_settings.setitem(sys.modules, "openai", None)  # what `import openai` sees when it is not installed
     with pytest.raises(
-        ModelUnavailable, match=r"needs the openai SDK, which is not installed: .*countersign\[openai\]"
+        ModelUnavailable, match=r"needs the openai SDK, which is not installed: install Countersign's openai extra"
     ):
         check_model("openai:gpt-4.1-mini")
 
@@ -343,7 +343,7 @@ def test_startup_refuses_a_model_it_cannot_use() -> None:
         {"MODEL": "openai:gpt-4.1-mini", "OPENAI_API_KEY": "sk-x"}, prelude="import sys; sys.modules['openai'] = None"
     )
     assert no_extra.returncode == 1
-    assert "pip install 'countersign[openai]'" in no_extra.stderr
+    assert "pip install -e '.[openai]' in a checkout" in no_extra.stderr
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Countersign's gate under the OpenAI Agents SDK (`pip install 'countersign[openai-agents]'`).
+"""Countersign's gate under the OpenAI Agents SDK (the `openai-agents` extra).
 
     from handlers.integrations.openai_agents import countersign_tool, run_gated
 
@@ -36,6 +36,7 @@ from restate import RunOptions, TerminalError
 
 from handlers.approval.calls import gated_call
 from handlers.contract import ActionRecord, Outcome
+from handlers.extras import install_hint
 from handlers.tools import default_registry
 from handlers.tools.registry import Tool
 
@@ -58,7 +59,7 @@ try:
     from agents.tool_context import ToolContext
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "handlers.integrations.openai_agents needs the OpenAI Agents SDK: pip install 'countersign[openai-agents]'"
+        f"handlers.integrations.openai_agents needs the OpenAI Agents SDK: {install_hint('openai-agents')}"
     ) from exc
 
 __all__ = ["ApprovalFunction", "countersign_tool", "run_gated"]

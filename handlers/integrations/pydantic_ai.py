@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from handlers.extras import install_hint
+
 try:
     from pydantic_ai import ToolDefinition
     from pydantic_ai.capabilities import AbstractCapability
@@ -44,9 +46,7 @@ try:
     from pydantic_ai.toolsets.abstract import AbstractToolset, ToolsetTool
     from restate.ext.pydantic._utils import current_state
 except ImportError as exc:  # the extra is not installed
-    raise ImportError(
-        "handlers.integrations.pydantic_ai needs Pydantic AI: pip install 'countersign[pydantic-ai]'"
-    ) from exc
+    raise ImportError(f"handlers.integrations.pydantic_ai needs Pydantic AI: {install_hint('pydantic-ai')}") from exc
 
 import restate
 from pydantic import BaseModel

@@ -12,6 +12,7 @@ import importlib
 import re
 
 from handlers.contract import Plan, ScriptStep
+from handlers.extras import install_hint
 from handlers.llm.base import ChatModel
 from handlers.llm.scripted import ScriptedModel
 from handlers.settings import get_settings
@@ -43,8 +44,7 @@ def check_model(model_id: str) -> None:
         importlib.import_module(_SDK[provider])
     except ImportError:
         raise ModelUnavailable(
-            f"model {model_id!r} needs the {_SDK[provider]} SDK, which is not installed: "
-            f"pip install 'countersign[{provider}]'"
+            f"model {model_id!r} needs the {_SDK[provider]} SDK, which is not installed: {install_hint(provider)}"
         ) from None
     _api_key(provider)
 
