@@ -188,6 +188,9 @@ def test_two_calls_of_one_turn_are_asked_one_after_another(
     assert submit(mail.link, "approve").status_code == 200
     [_, later] = wait_for_email(stack.outbox_dir, run_id, count=2)
     assert "Refund $700.00 to order" in later.text and f"{run_id}-a1" in later.path.name
+    # The second approver sees the first call as the run's earlier step: approved, and what it did.
+    assert "What this run did before asking:" in later.text and "#0 issue_refund: approved" in later.text
+    assert f'"order_id": {first}' in later.text and "What this run did before asking:" not in mail.text
     assert submit(later.link, "reject", reason="one refund is enough").status_code == 200
 
     stack.ingress.wait_invocation(invocation, timeout=60).raise_for_status()

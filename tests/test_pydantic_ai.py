@@ -255,6 +255,10 @@ def test_parallel_gated_calls_are_asked_one_after_the_other_each_with_its_own_an
     assert submit(mail.link, "approve").status_code == 200
     [_, later] = wait_for_email(stack.outbox_dir, "pyd-two", count=2)
     assert f"to order {second}" in later.text
+    # The second approver sees what the run asked before: the first call, approved, with its arguments.
+    assert "What this run did before asking:" in later.text and "#0 issue_refund: approved" in later.text
+    assert f'"order_id": {first}' in later.text
+    assert "What this run did before asking:" not in mail.text, "the first call had nothing before it"
     assert submit(later.link, "reject", reason="one refund is enough").status_code == 200
 
     output = finish(stack, "pyd-two")

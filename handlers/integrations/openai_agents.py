@@ -86,6 +86,8 @@ class _Run:
     next_index: int
     decided: dict[str, ActionRecord] = field(default_factory=dict)
     """By the SDK's tool call id: the gate's record of a call the SDK is about to report."""
+    done: list[ActionRecord] = field(default_factory=list)
+    """The gate's records in the order they came back: each approver's "what this run did before"."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def take_index(self) -> int:
@@ -211,7 +213,7 @@ async def _decide(run: _Run, state: RunState[Any], item: ToolApprovalItem) -> No
 
 
 async def _gate(run: _Run, name: str, args: dict[str, Any]) -> ActionRecord:
-    return await gated_call(
+    record = await gated_call(
         run.ctx,
         tool=name,
         args=args,
@@ -221,7 +223,10 @@ async def _gate(run: _Run, name: str, args: dict[str, Any]) -> ActionRecord:
         goal=run.goal,
         run_id=run.run_id,
         index=run.take_index(),
+        trail=run.done,
     )
+    run.done.append(record)
+    return record
 
 
 def _arguments(raw: str | None) -> dict[str, Any]:

@@ -31,6 +31,7 @@ answers), so a replay takes the same path.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -54,7 +55,7 @@ from restate import TerminalError
 from restate.extensions import current_context
 
 from handlers.approval.calls import ApprovalOutcome, request_approval
-from handlers.contract import Outcome
+from handlers.contract import Outcome, TrailStep
 from handlers.tools import default_registry
 from handlers.tools.execute import recheck, run_tool
 from handlers.tools.registry import Tool
@@ -225,14 +226,18 @@ class Countersign(AbstractCapability[Any]):
     `run_id` (default: the invocation id; give a stable one, e.g. the workflow key, so one action maps
     to one approval across invocations) and `goal` (default: the run's prompt) reach the gate as they
     do from `request_approval`. `outcomes` lists the gate's answers, in order, for the handler to
-    return or record. Deferred calls of tools that are not Countersign's are left alone (a later
-    capability may answer them, or the run ends with `DeferredToolRequests` as usual)."""
+    return or record; each approver also sees them, as the run's earlier calls. Deferred calls of
+    tools that are not Countersign's are left alone (a later capability may answer them, or the run
+    ends with `DeferredToolRequests` as usual)."""
 
     requester: str
     tenant: str = "default"
     run_id: str | None = None
     goal: str = ""
     outcomes: list[ApprovalOutcome] = field(default_factory=list, init=False)
+    # The approver's "what this run did before asking": the gate's earlier answers in this run. Built
+    # from journaled outcomes only, so a replay freezes the same trail.
+    _trail: list[TrailStep] = field(default_factory=list, init=False)
 
     @classmethod
     def get_serialization_name(cls) -> str | None:
@@ -259,8 +264,19 @@ class Countersign(AbstractCapability[Any]):
                 why=why,
                 goal=self.goal or prompt,
                 run_id=self.run_id,
+                trail=self._trail,
             )
             self.outcomes.append(outcome)
+            shown = outcome.args if outcome.args is not None else outcome.proposed_args
+            self._trail.append(
+                TrailStep(
+                    index=outcome.index,
+                    tool=call.tool_name,
+                    outcome=str(outcome.verdict),
+                    args=json.dumps(shown, sort_keys=True, ensure_ascii=False, default=str),
+                    result=outcome.reason or "",
+                )
+            )
             results.approvals[call.tool_call_id] = _answer(outcome)
             results.answered_by[call.tool_call_id] = ", ".join(outcome.approved_by) or _answerer(outcome)
             if outcome.approved:
