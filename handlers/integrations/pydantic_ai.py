@@ -104,6 +104,19 @@ class CountersignToolset(AbstractToolset[Any]):
         self._names = None if tools is None else [t if isinstance(t, str) else t.name for t in tools]
         self._id = id
         self._max_retries = max_retries
+        # Where the agent is built (at import, when COUNTERSIGN_SERVICES loads it): a misspelt name
+        # stops the process at start, not the first run that offers the model its tools.
+        if self._names is not None:
+            self._missing()
+
+    def _missing(self) -> None:
+        registry = default_registry()
+        missing = [name for name in self._names or () if registry.get(name) is None]
+        if missing:
+            raise ValueError(
+                f"CountersignToolset: {', '.join(missing)} not among the loaded tools ({', '.join(registry.names())}); "
+                "load them with COUNTERSIGN_TOOLS"
+            )
 
     @property
     def id(self) -> str:
@@ -113,13 +126,6 @@ class CountersignToolset(AbstractToolset[Any]):
         registry = default_registry()
         if self._names is None:
             return list(registry)
-        missing = [name for name in self._names if registry.get(name) is None]
-        if missing:
-            raise TerminalError(
-                f"CountersignToolset: {', '.join(missing)} not among the loaded tools ({', '.join(registry.names())}); "
-                "load them with COUNTERSIGN_TOOLS",
-                500,
-            )
         return [tool for name in self._names if (tool := registry.get(name)) is not None]
 
     async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
