@@ -259,6 +259,13 @@ def test_an_operator_shows_and_cancels_the_approvals_a_users_handler_asked(stack
     status = json.loads(shown.stdout)
     assert status["run_id"] == "ops-1" and [p["approval_id"] for p in status["pending"]] == ["ops-1-a0"]
     assert [e["kind"] for e in status["audit"]["ops-1-a0"]][:1] == ["requested"]
+    text = cli(stack.restate, "show", "ops-1-a0")  # for people: the same facts, in plain lines
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0] == "run ops-1  awaiting_approval  requester alice@example.com"
+    assert "  ops-1-a0  issue_refund  pending" in lines
+    assert any(line.startswith("    waiting on finance@example.com (round 1, 0 of 1 approvals)") for line in lines)
+    assert any(line.startswith("    audit: requested") for line in lines), lines
     by_run = cli(stack.restate, "show", "ops-1")
     assert by_run.returncode == 1, "the caller's run id is no run of AgentRun"
     assert "ops-1 is not a run of AgentRun; its approvals (show one by its id): ops-1-a0" in by_run.stderr

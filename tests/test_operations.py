@@ -14,6 +14,8 @@ from support.approver import form_csrf, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import REPO, AppServer, Ingress, IsolatedStack, RestateServer, StackFactory, wait_until
 
+from handlers.ops import show_view
+
 
 def refund_task(order: int, amount: str = "700.00") -> dict[str, Any]:
     step = {"tool": "issue_refund", "args": {"order_id": order, "amount_usd": amount, "reason": "r"}}
@@ -282,6 +284,9 @@ def test_show_and_unknown_run(
     ingress.wait_output(run_id)
     shown = cli(restate_server, "show", run_id, "--json")
     assert shown.returncode == 0 and json.loads(shown.stdout)["model"] == "scripted"
+    text = cli(restate_server, "show", run_id)
+    assert text.returncode == 0 and text.stdout.startswith(f"run {run_id}  completed  model scripted"), text.stdout
+    assert "approvals: none" in text.stdout and "actions: none" in text.stdout
     missing = cli(restate_server, "show", "no-such-run")
     assert missing.returncode == 1 and "no run or approval no-such-run" in missing.stderr
 
@@ -336,3 +341,46 @@ def test_inbox_revoke_stops_every_earlier_inbox_link_and_newer_ones_work(
     assert httpx.get(older, timeout=30).status_code == 410, "still revoked"
     for run in (first_run, second_run):
         ingress.call("AgentRun", run, "cancel", {"reason": "cleanup"})
+
+
+def test_the_text_of_show_says_who_decided_what_ran_and_stays_short() -> None:
+    status = {
+        "run_id": "r-9",
+        "phase": "completed",
+        "model": "scripted",
+        "goal": "Refund " + "x" * 500,
+        "approvals": [
+            {
+                "approval_id": "r-9-a1",
+                "tool": "issue_refund",
+                "state": "approved_with_edits",
+                "summary": "Refund $700.00 to order 7",
+                "approvers": ["finance@example.com"],
+                "approved_by": ["finance@example.com"],
+                "decided_via": "email",
+                "decided_at": 0,
+                "edits": {"amount_usd": "500.00"},
+                "args": {"order_id": 7, "amount_usd": "700.00"},
+            }
+        ],
+        "audit": {"r-9-a1": [{"kind": "requested"}, {"kind": "approved"}]},
+        "history": [
+            {
+                "index": 1,
+                "tool": "issue_refund",
+                "outcome": "approved_with_edits",
+                "idempotency_key": "r-9/1",
+                "result": {"refund_id": "rf_1"},
+            }
+        ],
+        "webhooks": [{"outcome": "delivered"}, {"outcome": "delivered"}, {"outcome": "gave_up"}],
+        "answer": "done",
+    }
+    text = show_view.render(status)
+    lines = text.splitlines()
+    assert lines[0] == "run r-9  completed  model scripted"
+    assert max(len(line) for line in lines) <= 110, "long values are cut"
+    assert "    approved_with_edits by finance@example.com via email at 1970-01-01 00:00:00Z" in lines
+    assert '    edits: {"amount_usd": "500.00"}' in lines and "    audit: requested · approved" in lines
+    assert "  #1 issue_refund  approved_with_edits  key r-9/1" in lines and '    {"refund_id": "rf_1"}' in lines
+    assert "webhooks: 2 delivered, 1 gave_up" in lines and "answer: done" in lines

@@ -203,6 +203,7 @@ def _serve(bind: str) -> int:
 
 
 def _operate(args: argparse.Namespace) -> int:
+    from handlers.ops import show_view
     from handlers.ops.operations import Operations, read_lines
     from handlers.settings import get_settings
 
@@ -211,7 +212,11 @@ def _operate(args: argparse.Namespace) -> int:
         rows = ops.pending(approver=args.approver, tool=args.tool, older_than=args.older_than, now=time.time())
         return _out(args, rows, ["approval_id", "tool", "summary", "approvers", "age_seconds", "left_seconds"])
     if args.command == "show":
-        return _out(args, ops.show(args.run_id))
+        status = ops.show(args.run_id)
+        if args.json:
+            return _out(args, status)
+        print(show_view.render(status))
+        return 0
     if args.command == "reassign":
         return _out(args, ops.reassign(args.approval_id, args.to, args.replacing, args.reason, args.by or _operator()))
     if args.command == "cancel":
