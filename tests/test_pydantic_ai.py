@@ -20,7 +20,7 @@ from fakes.fixtures import running
 from fakes.provider import JsonObject, Reply
 from support.approver import form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import REPO, IsolatedStack, StackFactory, free_port, make_app_env, wait_until
+from support.processes import REPO, IsolatedStack, StackFactory, wait_until
 
 from examples.billing.fake_payments import FakePayments
 
@@ -268,31 +268,6 @@ def test_parallel_gated_calls_are_asked_one_after_the_other_each_with_its_own_an
         "ran",
         "Rejected by the approver: one refund is enough. Do not propose this exact call again.",
     ]
-
-
-def test_a_toolset_naming_a_tool_that_is_not_loaded_stops_serve_at_start(tmp_path: Path) -> None:
-    (tmp_path / "typo.py").write_text(
-        "import restate\n"
-        "from handlers.integrations.pydantic_ai import CountersignToolset\n"
-        "toolset = CountersignToolset(['issue_refnd'])\n"
-        "services = [restate.Service('Unused')]\n"
-    )
-    env = {
-        "PATH": "/usr/bin:/bin",
-        **make_app_env(ingress_url="http://127.0.0.1:9", outbox_dir=tmp_path / "outbox", db_path=tmp_path / "b.db"),
-        "COUNTERSIGN_SERVICES": "typo:services",
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "handlers", "serve", "--bind", f"127.0.0.1:{free_port()}"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode != 0
-    [line] = done.stderr.strip().splitlines()
-    assert "COUNTERSIGN_SERVICES" in line and "CountersignToolset: issue_refnd not among the loaded tools" in line, line
 
 
 def test_the_adapter_without_the_extra_names_the_extra_to_install() -> None:

@@ -55,6 +55,10 @@ def project(tmp_path: Path) -> Path:
     (package / "__init__.py").write_text("")
     (package / "services.py").write_text(textwrap.dedent(USER_MODULE))
     (package / "broken.py").write_text("raise RuntimeError('boom at import')\n")
+    (package / "typo.py").write_text(
+        "from handlers.integrations.pydantic_ai import CountersignToolset\n"
+        "toolset = CountersignToolset(['issue_refnd'])  # a Pydantic AI agent's tools, misspelt\n"
+    )
     return package.parent
 
 
@@ -88,6 +92,7 @@ def test_user_services_are_served_beside_countersign(private_stacks: StackFactor
         ("myapp/services.py", "is not package.module:ATTR"),
         ("nosuch.module:greeter", "cannot import 'nosuch.module'"),
         ("myapp.broken:greeter", "importing 'myapp.broken' raised RuntimeError: boom at import"),
+        ("myapp.typo:toolset", "raised ValueError: CountersignToolset: issue_refnd not among the loaded tools"),
         ("myapp.services:nope", "module 'myapp.services' has no attribute 'nope'"),
         ("myapp.services:NOT_A_SERVICE", "not a restate Service, VirtualObject or Workflow or a list of them (int)"),
         ("myapp.services:clash", "a service named 'AgentRun' is already served"),
