@@ -384,3 +384,22 @@ def test_the_text_of_show_says_who_decided_what_ran_and_stays_short() -> None:
     assert '    edits: {"amount_usd": "500.00"}' in lines and "    audit: requested · approved" in lines
     assert "  #1 issue_refund  approved_with_edits  key r-9/1" in lines and '    {"refund_id": "rf_1"}' in lines
     assert "webhooks: 2 delivered, 1 gave_up" in lines and "answer: done" in lines
+
+    # A quorum of two, one approved this round: it waits on the approver who has not voted.
+    waiting = {
+        "approval_id": "r-9-a2",
+        "tool": "delete_customer",
+        "state": "pending",
+        "summary": "Delete c_31",
+        "approvers": ["a@example.com", "b@example.com", "c@example.com"],
+        "active_slots": [1, 2],
+        "round": 2,
+        "quorum": 2,
+        "deadline": 86400,
+        "votes": [
+            {"slot": 0, "round": 1, "kind": "approve"},
+            {"slot": 1, "round": 2, "kind": "approve"},
+        ],
+    }
+    lines = show_view.render({"run_id": "r-9", "phase": "awaiting_approval", "approvals": [waiting]}).splitlines()
+    assert "    waiting on c@example.com (round 2, 1 of 2 approvals), deadline 1970-01-02 00:00:00Z" in lines

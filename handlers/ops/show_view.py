@@ -30,11 +30,15 @@ def _approval(record: dict[str, Any], audit: list[dict[str, Any]]) -> list[str]:
     lines = [f"  {record.get('approval_id')}  {record.get('tool')}  {state}"]
     lines.append(f"    {_short(record.get('summary', ''))}")
     if state == "pending":
-        deciding = [record["approvers"][s] for s in record.get("active_slots", []) if s < len(record["approvers"])]
+        # As the tally counts: this round's votes; the slots without one are who it waits on.
+        current = [vote for vote in record.get("votes", []) if vote.get("round") == record.get("round", 1)]
+        voted = {vote.get("slot") for vote in current}
+        approvers = record.get("approvers", [])
+        open_slots = [s for s in record.get("active_slots", []) if s not in voted and s < len(approvers)]
+        approvals = sum(1 for vote in current if vote.get("kind") == "approve")
         lines.append(
-            f"    waiting on {', '.join(deciding) or '?'} (round {record.get('round', 1)}, "
-            f"{len(record.get('votes', []))} of {record.get('quorum', 1)} approvals), "
-            f"deadline {_at(record.get('deadline'))}"
+            f"    waiting on {', '.join(approvers[s] for s in open_slots) or '?'} (round {record.get('round', 1)}, "
+            f"{approvals} of {record.get('quorum', 1)} approvals), deadline {_at(record.get('deadline'))}"
         )
     else:
         who = ", ".join(record.get("approved_by") or []) or record.get("decided_by") or record.get("decision_source")
