@@ -316,7 +316,6 @@ def test_batch_one_email_and_one_page_per_approver_with_partial_decisions(
 
     no_reason = httpx.post(money.link, data={"csrf": csrf, "verdict.1": "reject"}, headers=origin, timeout=30)
     assert no_reason.status_code == 400
-    assert f'<a href="{money.link}">Back to the approval</a>' in no_reason.text, "a refused form leads back to it"
     rejected = httpx.post(
         money.link,
         data={"csrf": csrf, "verdict.1": "reject", "reason.1": "one refund is enough"},

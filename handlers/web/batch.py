@@ -22,7 +22,7 @@ from handlers.security import links
 from handlers.settings import Settings
 from handlers.web import wording
 from handlers.web.runs_client import RunCallFailed, RunsClient
-from handlers.web.views import form_notice, page, remaining, when
+from handlers.web.views import notice, page, remaining, when
 
 
 def items_for(
@@ -72,7 +72,6 @@ async def decide_items(
     link_round: int,
     form: FormData,
     client: str,
-    back: str,
 ) -> Response:
     chosen: list[tuple[ApprovalRecord, int, Literal["approve", "reject"], str]] = []
     for item, slot in items_for(status, record, approver, link_round):
@@ -83,11 +82,9 @@ async def decide_items(
             case "reject" if reason:
                 chosen.append((item, slot, "reject", reason))
             case "reject":
-                why = f"Say why you reject “{item.summary}”. Nothing was decided."
-                return form_notice(400, "Reason required", why, back=back)
+                return notice(400, "Reason required", f"Say why you reject “{item.summary}”. Nothing was decided.")
     if not chosen:
-        nothing = "Choose Approve or Reject for at least one action. Nothing was decided."
-        return form_notice(400, "Nothing chosen", nothing, back=back)
+        return notice(400, "Nothing chosen", "Choose Approve or Reject for at least one action. Nothing was decided.")
     outcomes: list[tuple[ApprovalRecord, DecisionReceipt | None, str]] = []
     unconfirmed = False
     for item, slot, verdict, reason in chosen:

@@ -30,7 +30,7 @@ from handlers.security.links import LinkInvalid
 from handlers.settings import Settings
 from handlers.web import batch, wording
 from handlers.web.runs_client import RunCallFailed, RunsClient
-from handlers.web.views import form_notice, notice, page
+from handlers.web.views import notice, page
 
 log = logging.getLogger("countersign.pages")
 
@@ -135,7 +135,6 @@ class ApprovalPages:
         form = await self._check_post(request, token)  # before any call: a refused form costs none
         if isinstance(form, Response):
             return form
-        back = f"{self.settings.approvals_public_url}/approvals/{token}"
         client = request.headers.get("user-agent", "")[:300]
         submission = PageSubmission(
             token=token,
@@ -154,7 +153,7 @@ class ApprovalPages:
         try:
             submitted = await runs.submit(wanted, submission, key)
         except RunCallFailed as exc:
-            return _not_decided(exc, back)
+            return _not_decided(exc)
         if submitted.takeover == "unknown":
             # Not saved yet: wait for the record with reads, as a GET does (503 or 410 if it does not
             # come), then submit again; under a key of its own, since Restate keeps the first answer
@@ -168,15 +167,12 @@ class ApprovalPages:
             try:
                 submitted = await runs.submit(wanted, submission, links.token_fingerprint(f"{key}|saved"))
             except RunCallFailed as exc:
-                return _not_decided(exc, back)
+                return _not_decided(exc)
             if submitted.takeover == "unknown":  # read by `status`, yet not by `submit`: nothing decided
                 return notice(503, "Try again", "This approval is still being set up. Please try again in a minute.")
         record = submitted.record
         if submitted.refused is not None:
-            refused = submitted.refused
-            if refused.title.startswith("Link "):  # the link itself, not the form: the email's hint
-                return notice(refused.status, refused.title, refused.text)
-            return form_notice(refused.status, refused.title, refused.text, back=back)
+            return notice(submitted.refused.status, submitted.refused.title, submitted.refused.text)
         if submitted.takeover == "batch":
             return await self._batch_post(runs, token, form, client)
         if submitted.takeover == "review" and record is not None:
@@ -189,7 +185,7 @@ class ApprovalPages:
                 marker=diff.marker(submitted.edits),
                 confirm=submitted.confirm,
                 reason=submitted.reason,
-                back=back,
+                back=f"{self.settings.approvals_public_url}/approvals/{token}",
             )
         receipt = submitted.receipt
         if record is None or receipt is None:  # not an answer `submit` gives: decide nothing, say so
@@ -219,8 +215,7 @@ class ApprovalPages:
         if (stale := self._stale(record, claims.slot, link_state, "actions not decided by then were")) is not None:
             return stale
         approver = record.approvers[claims.slot]
-        back = f"{self.settings.approvals_public_url}/approvals/{token}"
-        return await batch.decide_items(self.settings, runs, status, record, approver, claims.round, form, client, back)
+        return await batch.decide_items(self.settings, runs, status, record, approver, claims.round, form, client)
 
     async def _checked(
         self, runs: RunsClient, main: StatusCall, token: str
@@ -333,12 +328,12 @@ def _link_notice(exc: LinkInvalid) -> Response:
     return notice(exc.status, "Link expired" if exc.status == 410 else "Link not valid", exc.reason)
 
 
-def _not_decided(exc: RunCallFailed, back: str) -> Response:
+def _not_decided(exc: RunCallFailed) -> Response:
     """A failed `submit`: its own refusal (4xx, nothing decided), or a 5xx, which may come after the
     decision was recorded (the answer was lost): claim neither."""
     if exc.status >= 500:
         return notice(exc.status, "Not confirmed", exc.message, hint=wording.UNCONFIRMED_HINT)
-    return form_notice(exc.status, "Not decided", exc.message, back=back)
+    return notice(exc.status, "Not decided", exc.message)
 
 
 async def _approval_status(call: StatusCall, approval_id: str, expires: int) -> RunStatus:

@@ -49,14 +49,6 @@ def notice(status: int, title: str, message: str, **extra: Any) -> HTMLResponse:
     return page("notice.html", status, title=title, message=message, **extra)
 
 
-def form_notice(status: int, title: str, message: str, *, back: str) -> HTMLResponse:
-    """A refused decision. A 400 is about what the person entered (no reason, an edit out of bounds, a
-    confirmation that does not match): the link is fine, so lead back to the page rather than to the email."""
-    if status != 400:
-        return notice(status, title, message)
-    return notice(status, title, message, hint=wording.CORRECT_HINT, back=back)
-
-
 def when(timestamp: float | None) -> str:
     return "" if timestamp is None else wording.moment(timestamp).text
 

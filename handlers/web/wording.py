@@ -160,7 +160,6 @@ def _closed_words(state: str, by: str | None, at: float | None, action: ActionRe
             )
 
 
-CORRECT_HINT = "The action is still waiting: go back to it, correct what you entered and send it again."
 UNCONFIRMED_HINT = (
     "Your decision may or may not have been recorded. Open the link from the email again: "
     "the page shows whether this action is still waiting, and if it is, you can decide again safely."
