@@ -18,7 +18,8 @@ MAX_ARGS = 160
 MAX_RESULT = 200
 
 
-def _short(value: Any, limit: int) -> str:
+def shorten(value: Any, limit: int) -> str:
+    """`value` (text, or JSON of anything else) on one line of at most `limit` characters."""
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -27,7 +28,7 @@ def _short(value: Any, limit: int) -> str:
 def step_of(action: ActionRecord | TrailStep) -> TrailStep:
     if isinstance(action, TrailStep):
         return action.model_copy(
-            update={"args": _short(action.args, MAX_ARGS), "result": _short(action.result, MAX_RESULT)}
+            update={"args": shorten(action.args, MAX_ARGS), "result": shorten(action.result, MAX_RESULT)}
         )
     result = action.result or {}
     shown: Any = f"error: {result['error']}" if "error" in result else result
@@ -37,8 +38,8 @@ def step_of(action: ActionRecord | TrailStep) -> TrailStep:
         index=action.index,
         tool=action.tool,
         outcome=str(action.outcome),
-        args=_short(action.args if action.args is not None else action.proposed_args, MAX_ARGS),
-        result=_short(shown, MAX_RESULT) if shown else "",
+        args=shorten(action.args if action.args is not None else action.proposed_args, MAX_ARGS),
+        result=shorten(shown, MAX_RESULT) if shown else "",
     )
 
 

@@ -6,17 +6,16 @@ every line is bounded: long arguments, results and reasons are cut, so one run n
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
+
+from handlers.approval.trail import shorten
 
 _WIDTH = 100
 
 
 def _short(value: Any, limit: int = _WIDTH) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return shorten(value, limit)
 
 
 def _at(timestamp: Any) -> str:
