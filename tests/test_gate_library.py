@@ -17,6 +17,8 @@ from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, StackFactory, wait_until
 from test_operations import cli
 
+from handlers.objects.audit import AuditLog, verify
+
 USER_MODULE = '''
 from typing import Any
 
@@ -30,6 +32,7 @@ class Ask(BaseModel):
     run_id: str
     tool: str
     args: dict[str, Any]
+    index: int | None = None
 
 
 desk = restate.VirtualObject("RefundDesk")
@@ -38,7 +41,13 @@ desk = restate.VirtualObject("RefundDesk")
 @desk.handler()
 async def act(ctx: restate.ObjectContext, ask: Ask) -> dict[str, Any]:
     record = await gated_call(
-        ctx, tool=ask.tool, args=ask.args, requester="alice@example.com", run_id=ask.run_id, why="asked by the desk"
+        ctx,
+        tool=ask.tool,
+        args=ask.args,
+        requester="alice@example.com",
+        run_id=ask.run_id,
+        index=ask.index,
+        why="asked by the desk",
     )
     ctx.set("last", record.outcome.value)
     return record.model_dump(mode="json")
@@ -302,6 +311,13 @@ def test_a_run_id_and_index_place_one_approval_once(stack: IsolatedStack) -> Non
     assert again.status_code == 409
     assert "desk-6-a0 was already asked" in again.text
     assert refunds_for(stack.db_path, "desk-6") == []
+    # The refused caller's notices (sent before it was refused) tell of nothing that happened: the
+    # trail keeps one request and stays intact. The run's next approval goes to the same shard after them.
+    stack.ingress.call("Approval", "desk-6-a1", "cancel", {"reason": "withdrawn"})
+    stack.ingress.wait_invocation(stack.ingress.send("RefundDesk", "customer-6c", "act", {**ask, "index": 1}))
+    wait_until(lambda: "outcome" in audit_kinds(stack, "desk-6-a1"), timeout=30, what="desk-6-a1's outcome entry")
+    assert audit_kinds(stack, "desk-6-a0").count("requested") == 1
+    assert verify(audit_log(stack, "desk-6-a0").entries) == []
 
     # The same while the first approval still waits: the second caller is refused, the first is not.
     ask = {"run_id": "desk-7", "tool": "issue_refund", "args": refund(new_order(stack.db_path, 90000), "700.00")}
@@ -313,3 +329,14 @@ def test_a_run_id_and_index_place_one_approval_once(stack: IsolatedStack) -> Non
     assert len(approval_emails(stack.outbox_dir, "desk-7", "request")) == 1
     assert stack.ingress.call("Approval", "desk-7-a0", "cancel", {"reason": "done"}).json()["accepted"] is True
     assert stack.ingress.wait_invocation(waiting).json()["outcome"] == "cancelled"
+    wait_until(lambda: "outcome" in audit_kinds(stack, "desk-7-a0"), timeout=30, what="desk-7-a0's outcome entry")
+    assert audit_kinds(stack, "desk-7-a0").count("requested") == 1
+    assert verify(audit_log(stack, "desk-7-a0").entries) == []
+
+
+def audit_log(stack: IsolatedStack, approval_id: str) -> AuditLog:
+    return AuditLog.model_validate(stack.ingress.call("ApprovalAudit", approval_id, "entries", None).json())
+
+
+def audit_kinds(stack: IsolatedStack, approval_id: str) -> list[str]:
+    return [entry.kind for entry in audit_log(stack, approval_id).entries]

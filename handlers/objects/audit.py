@@ -4,7 +4,9 @@ Guarantee: entry n stores `hash = SHA-256(hash of entry n-1 || canonical JSON of
 `verify` detects any changed, removed or reordered entry. An append with an `entry_id` already in
 the chain and the same content returns the existing entry, so a retried step never appends twice;
 the same id with *different* content is never silently kept or dropped: it is appended too, logged,
-and `verify` reports the conflict, so a forged or corrupted entry cannot hide the real one.
+and `verify` reports the conflict, so a forged or corrupted entry cannot hide the real one. The one
+exception is a second `requested` entry, which `Bookkeeping` drops with what came with it before it
+gets here (`asks_again`): it tells of a caller that the approval refused, not of anything that happened.
 
 Where it is kept: its run's shard of `Bookkeeping` (handlers.objects.bookkeeping) holds the chain,
 written by the one call per phase that also brings the inboxes and the trust figures up to date.
@@ -151,6 +153,14 @@ async def append(ctx: ObjectContext, entry: AuditEntry) -> ChainedEntry:
 async def append_all(ctx: ObjectContext, batch: AuditEntries) -> None:
     log = await ctx.get(_KEY, type_hint=AuditLog) or AuditLog(approval_id=ctx.key())
     append_loaded(ctx, _KEY, log, batch.entries)
+
+
+def asks_again(log: AuditLog, entries: Iterable[AuditEntry]) -> bool:
+    """Whether `entries` hold a `requested` entry that `log` already holds with other content: a
+    second caller asking at a placement (run id and index) that was asked before. Its approval's
+    workflow refuses that caller, so nothing it tells of happened (see handlers.objects.bookkeeping)."""
+    held = {e.entry_id: _content(e) for e in log.entries if e.kind == "requested"}
+    return any(e.kind == "requested" and e.entry_id in held and held[e.entry_id] != _content(e) for e in entries)
 
 
 def _append(log: AuditLog, entry: AuditEntry) -> ChainedEntry:

@@ -22,13 +22,14 @@ readers are private too: the ingress reads the views that gather them, `Approval
 from __future__ import annotations
 
 import functools
+import logging
 
 import restate
 from pydantic import BaseModel, Field
 from restate import ObjectContext, ObjectSharedContext
 
 from handlers import retention
-from handlers.objects.audit import AuditEntry, AuditLog, append_loaded
+from handlers.objects.audit import AuditEntry, AuditLog, append_loaded, asks_again
 from handlers.objects.inbox import (
     InboxEntries,
     InboxEvent,
@@ -40,6 +41,8 @@ from handlers.objects.inbox import (
 )
 from handlers.objects.shards import BOOKS_SERVICE, books_key, first_books_key
 from handlers.objects.trust import OutcomeSample, RingHead, Samples, book_sample, booked_head, booked_samples
+
+logger = logging.getLogger("countersign.bookkeeping")
 
 bookkeeping = restate.VirtualObject(
     BOOKS_SERVICE, description="Inbox entries, audit trails and trust samples of the approvals of one shard."
@@ -105,8 +108,17 @@ async def _apply(ctx: ObjectContext, batch: list[Notices]) -> None:
     indexes = {approver: ctx.get(booked_key(approver), type_hint=InboxIndex) for approver in approvers}
     tools = sorted({n.tool for n in mine if n.sample and n.tool})
     heads = {tool: ctx.get(booked_head(tool), type_hint=RingHead) for tool in tools}
-    for approval_id, chain in chains.items():
-        log = await chain or AuditLog(approval_id=approval_id)
+    logs = {approval_id: await chain or AuditLog(approval_id=approval_id) for approval_id, chain in chains.items()}
+    # A placement is asked once: a caller asking again at a used run id and index sends its request's
+    # notices before the approval's workflow refuses it (handlers.approval.calls). Its entries would
+    # put a second request in the trail (which `verify` reports as forged) and its inbox event would
+    # list an approval nobody asked, so all it sent is dropped here. (Two callers racing at one
+    # placement both send before either learns which won: the trail keeps the request that came first.)
+    again = {n.approval_id for n in mine if n.audit and asks_again(logs[n.approval_id], n.audit)}
+    for approval_id in sorted(again):
+        logger.warning("bookkeeping: %s was asked again at its placement; the second ask is ignored", approval_id)
+    mine = [n for n in mine if n.approval_id not in again]
+    for approval_id, log in logs.items():
         entries = [entry for n in mine if n.approval_id == approval_id for entry in n.audit]
         append_loaded(ctx, audit_key(approval_id), log, entries)
     elsewhere: dict[str, list[InboxNotice]] = {}
