@@ -272,7 +272,23 @@ def test_audit_verify_says_not_intact_for_a_conflicting_export(tmp_path: Path) -
         _append(log, entry.model_copy(update={"details": details}))
     export = tmp_path / "audit.jsonl"
     export.write_text("".join(json.dumps(e.model_dump(mode="json")) + "\n" for e in log.entries), encoding="utf-8")
-    checked = subprocess.run(
+    checked = _verify_offline(export)
+    assert checked.returncode == 1 and "already used by entry 0" in checked.stdout, checked.stdout + checked.stderr
+
+
+def test_audit_verify_of_an_empty_or_unreadable_export_verifies_nothing_and_says_so(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n", encoding="utf-8")
+    nothing = _verify_offline(empty)
+    assert nothing.returncode == 1 and "nothing was verified" in nothing.stdout, nothing.stdout + nothing.stderr
+    assert "intact" not in nothing.stdout
+    missing = _verify_offline(tmp_path / "missing.jsonl")
+    assert missing.returncode == 1 and missing.stdout == "", missing.stdout
+    assert missing.stderr == f"error: cannot read {tmp_path / 'missing.jsonl'}: No such file or directory\n"
+
+
+def _verify_offline(export: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "handlers", "audit", "verify", str(export), "--offline"],
         cwd=REPO,
         capture_output=True,
@@ -280,7 +296,6 @@ def test_audit_verify_says_not_intact_for_a_conflicting_export(tmp_path: Path) -
         timeout=60,
         env={"PATH": "/usr/bin:/bin"},
     )
-    assert checked.returncode == 1 and "already used by entry 0" in checked.stdout, checked.stdout + checked.stderr
 
 
 def test_reassign_outside_the_policy_is_refused_and_changes_nothing(

@@ -247,6 +247,8 @@ class Operations:
                 problems.append(f"line {number}: not an audit entry")
                 continue
             chains.setdefault(entry.approval_id, []).append(entry)
+        if not chains and not problems:
+            return ["no audit entries in the input: nothing was verified"]
         for approval_id, entries in sorted(chains.items()):
             problems += verify(entries)
             if live:
@@ -331,4 +333,9 @@ def _message(body: str | None) -> str:
 
 
 def read_lines(path: Path | None) -> Iterable[str]:
-    return sys.stdin if path is None else path.read_text(encoding="utf-8").splitlines()
+    if path is None:
+        return sys.stdin
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OperationError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
