@@ -80,7 +80,11 @@ def test_user_services_are_served_beside_countersign(private_stacks: StackFactor
     assert len(refunds_for(stack.db_path, "svc-1")) == 1
     [deployment] = httpx.get(f"{stack.restate.admin_url}/deployments", timeout=10).json()["deployments"]
     assert {"AgentRun", "ApprovalInbox", "Greeter", "Counter"} <= {s["name"] for s in deployment["services"]}
-    assert "services: COUNTERSIGN_SERVICES=myapp.services:both: Greeter, Counter" in stack.app.log_path.read_text()
+    log = stack.app.log_path.read_text()
+    assert "services: COUNTERSIGN_SERVICES=myapp.services:both: Greeter, Counter" in log
+    # Each listener says where it listens once (hypercorn's own handler doubled every line).
+    listening = [line.split("Running on ", 1)[1] for line in log.splitlines() if "Running on " in line]
+    assert len(listening) == 2 and len(set(listening)) == 2, listening
     # Registering the listener without its path: restate-server's refusal quotes where the endpoint is.
     with pytest.raises(RuntimeError, match=r"META0003.*register its URL ending in /restate"):
         stack.restate.register(f"http://127.0.0.1:{stack.app.restate_port}")

@@ -11,6 +11,7 @@ stops (or cannot bind), the others stop too, and a busy address is one line nami
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import tomllib
@@ -38,6 +39,9 @@ def _limits() -> dict[str, dict[str, Any]]:
 def _config(table: str, bind: str) -> Config:
     config = Config.from_mapping(_limits()[table])
     config.bind = [bind]
+    # Given a logger, hypercorn uses it as it is; given its default ("-"), it adds a handler of its
+    # own to "hypercorn.error", which also propagates to the root's: every line came out twice.
+    config.errorlog = logging.getLogger("hypercorn.error")
     return config
 
 

@@ -23,7 +23,7 @@ log = logging.getLogger("handlers.runtime.startup")
 
 def configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("restate", "hypercorn.error", "httpx"):
+    for noisy in ("restate", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
