@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_dev(args.demo)
     if args.command == "serve":
         return _serve(args.bind)
-    if args.command == "cancel" and bool(args.run_id) == bool(args.older_than):
+    if args.command == "cancel" and (args.run_id is None) == (args.older_than is None):
         parser().error("cancel takes a RUN_ID or --older-than, not both or neither")
     try:
         return _print_command(args)
