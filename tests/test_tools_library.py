@@ -130,7 +130,7 @@ def test_callables_decide_and_name_approvers_as_plain_data() -> None:
     assert verdict.gated
     assert verdict.policy.approvers == ("manager-of-alice@example.com", "oncall-acme@example.com")
     assert verdict.policy.approvers_from is None and verdict.policy.when is None
-    assert "managers()" in verdict.rule and "a condition in code" in verdict.rule
+    assert "managers()" in verdict.rule and "pay: needs approval when a condition in code holds, 2 of" in verdict.rule
     assert seen[0].tool == "pay" and isinstance(seen[0].args, PayArgs) and seen[0].tenant == "acme"
     assert PolicyVerdict.model_validate_json(verdict.model_dump_json()) == verdict, "journaled and read back"
 

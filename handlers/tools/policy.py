@@ -223,6 +223,8 @@ class ToolPolicy(BaseModel):
         if not self.gated:
             return f"{tool}: autonomous" + (f" unless {unless}" if unless else "")
         condition = f" when {describe_condition(self.when)}" if self.when else " always"
+        if callable(self.when):
+            condition += " holds"  # "when a condition in code holds", "when big_refund() holds"
         if self.approvers_from is not None:
             named = f"the approvers named by {_name_of(self.approvers_from, 'a function in code')}"
             who = f", {self.quorum} of {named}" if self.quorum > 1 else f", by {named}"
