@@ -149,7 +149,10 @@ def check_decisions(ev: Evidence, clicks: list[Click], cancels: list[Cancel], ch
     cancelled_runs = {c.run_id for c in cancels if c.receipt and c.receipt.get("accepted")}
     for click in clicks:
         checks.check(click.error is None, f"{click.run_id}: {click.person} got no answer: {click.error}")
-        checks.check(click.opened in (None, 200, 410), f"{click.run_id}: {click.person}'s page was {click.opened}")
+        checks.check(
+            click.opened in (None, 200, 410),
+            f"{click.run_id}: {click.person}'s page was {click.opened}: {click.text}",
+        )
         if click.verdict != "leave" and click.csrf is not None and click.status is not None:
             checks.check(
                 click.status in (200, 409, 410),

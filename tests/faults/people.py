@@ -21,6 +21,14 @@ from support.processes import Ingress, wait_until
 PERSISTENCE = 120.0
 _BATCH_ITEM = re.compile(r'name="verdict\.(\d+)" value="approve"')
 _CONFIRM = re.compile(r'<code>([^<]*)</code></label>\s*<input id="confirm[^"]*" name="(confirm(?:\.\d+)?)"')
+_MAIN = re.compile(r"<main[^>]*>(.*?)</main>", re.S)
+_TAG = re.compile(r"<[^>]+>")
+
+
+def _gist(page: str) -> str:
+    """What a page says, as text (its <main>, tags and runs of whitespace removed), for the report."""
+    found = _MAIN.search(page)
+    return " ".join(html.unescape(_TAG.sub(" ", found.group(1) if found else page)).split())[:300]
 
 
 @dataclass
@@ -110,13 +118,13 @@ class People:
         click.opened = page.status_code
         found = CSRF.search(page.text)
         if found is None:
-            click.opened, click.text = page.status_code, "no form: " + page.text[-300:]
+            click.opened, click.text = page.status_code, "no form: " + _gist(page.text)
             return
         click.csrf = found.group(1)
         click.items = [int(i) for i in _BATCH_ITEM.findall(page.text)] if click.batch else []
         click.confirm = {name: html.unescape(value) for value, name in _CONFIRM.findall(page.text)}
         if click.batch and not click.items:
-            click.opened, click.text = page.status_code, "nothing left to decide: " + page.text[-300:]
+            click.opened, click.text = page.status_code, "nothing left to decide: " + _gist(page.text)
             return
         if not think.wait(PERSISTENCE):
             click.error = "never told to press"
