@@ -116,7 +116,7 @@ async def _apply(ctx: ObjectContext, batch: list[Notices]) -> None:
     # placement both send before either learns which won: the trail keeps the request that came first.)
     again = {n.approval_id for n in mine if n.audit and asks_again(logs[n.approval_id], n.audit)}
     for approval_id in sorted(again):
-        logger.warning("bookkeeping: %s was asked again at its placement; the second ask is ignored", approval_id)
+        logger.warning("%s was asked again at its placement; the second ask is ignored", approval_id)
     mine = [n for n in mine if n.approval_id not in again]
     for approval_id, log in logs.items():
         entries = [entry for n in mine if n.approval_id == approval_id for entry in n.audit]
