@@ -159,8 +159,11 @@ def asks_again(log: AuditLog, entries: Iterable[AuditEntry]) -> bool:
     """Whether `entries` hold a `requested` entry that `log` already holds with other content: a
     second caller asking at a placement (run id and index) that was asked before. Its approval's
     workflow refuses that caller, so nothing it tells of happened (see handlers.objects.bookkeeping)."""
-    held = {e.entry_id: _content(e) for e in log.entries if e.kind == "requested"}
-    return any(e.kind == "requested" and e.entry_id in held and held[e.entry_id] != _content(e) for e in entries)
+    asked = [e for e in entries if e.kind == "requested"]
+    if not asked:  # most calls: no content is compared
+        return False
+    held = {e.entry_id: e for e in log.entries if e.kind == "requested"}
+    return any(e.entry_id in held and _content(held[e.entry_id]) != _content(e) for e in asked)
 
 
 def _append(log: AuditLog, entry: AuditEntry) -> ChainedEntry:
