@@ -78,6 +78,9 @@ def parser() -> argparse.ArgumentParser:
     knobs.add_argument("--warmup", type=int, help="unmeasured approve cycles per system")
     knobs.add_argument("--samples", dest="latency_samples", type=int, help="runs per system for the approval path")
     knobs.add_argument("--block", type=int, help="samples per block before switching systems")
+    knobs.add_argument(
+        "--think-ms", type=float, help="pause after each email before the next start, for start_to_email_alone"
+    )
     knobs.add_argument("--step-counts", type=_ints, help="e.g. 1,10,25,50")
     knobs.add_argument("--step-samples", type=int, help="runs per step count per system")
     knobs.add_argument("--resume-turns", type=_ints, help="e.g. 10,100 (at most the longest script AgentTask accepts)")
@@ -96,6 +99,7 @@ def _plan(args: argparse.Namespace) -> Plan:
         "warmup",
         "latency_samples",
         "block",
+        "think_ms",
         "step_counts",
         "step_samples",
         "resume_turns",

@@ -1,6 +1,12 @@
 """Latency of the approval path, one run at a time: start -> notification handed over, approver's
 POST -> action done and recorded, and the same POST after long journals (resume after N model turns).
 
+Start -> notification is measured twice. Back to back (`start_to_email`), each start follows the
+previous run's notification at once, so it meets whatever that run still does after it (Countersign:
+the bookkeeping call and the start of the approval's workflow; the floor: nothing). With a think
+time (`start_to_email_alone`), each start waits `plan.think_ms` after the previous notification, the
+way approvals arrive from people rather than from a loop, so the figure is one run's own path.
+
 Guarantee: the systems (floor, agent, library path; resume: floor and agent) are measured in
 alternating blocks of the same size, so load from other
 processes on the machine hits both alike; CPU is accounted per block (the approver's page view before
@@ -25,11 +31,16 @@ def _blocks(items: list[str], size: int) -> Iterator[list[str]]:
         yield items[i : i + size]
 
 
-async def _notify_one(d: Driver, subject: Subject, run_id: str, turns: int) -> float:
+async def _notify_one(d: Driver, subject: Subject, run_id: str, turns: int, think_ms: float = 0.0) -> float:
+    """start -> notification, in ms; then `think_ms` before the caller starts anything else (untimed)."""
     task = subject.waiting_task(run_id, turns)
     t0 = now()
     await d.send(subject, run_id, task)
-    return (await subject.watcher.wait(run_id, d.plan.timeout) - t0) * 1000
+    took = (await subject.watcher.wait(run_id, d.plan.timeout) - t0) * 1000
+    if think_ms:
+        # Load shape, not synchronisation: nothing waits for anything to finish here.
+        await asyncio.sleep(think_ms / 1000)
+    return took
 
 
 async def _approve_one(d: Driver, subject: Subject, run_id: str, approval: Approval) -> tuple[float, float, float]:
@@ -69,40 +80,50 @@ async def warm_up(d: Driver) -> None:
             await _approve_one(d, subject, run_id, await subject.prepare(run_id))
 
 
-async def approval_path(d: Driver) -> dict[str, Any]:
-    """Metrics `start_to_email` and `approve_to_done`."""
-    n = d.plan.latency_samples
-    ids = {s.name: d.run_ids(s, "lat", n) for s in d.subjects}
-    d.countersign.new_orders(ids["countersign"] + ids["library"])
-    notify_cpu = {s.name: d.cpu(s) for s in d.subjects}
-    notify: dict[str, list[float]] = {s.name: [] for s in d.subjects}
+async def _start_to_email(d: Driver, ids: dict[str, list[str]], think_ms: float) -> dict[str, Any]:
+    """start -> notification for `ids`, in alternating blocks; per system the summary and CPU per run."""
+    cpu = {s.name: d.cpu(s) for s in d.subjects}
+    took: dict[str, list[float]] = {s.name: [] for s in d.subjects}
     blocks = {s.name: list(_blocks(ids[s.name], d.plan.block)) for s in d.subjects}
-    progress(f"start -> email: {n} runs per system, sequential, blocks of {d.plan.block}")
     for i in range(len(blocks["floor"])):
         for subject in d.subjects:
-            with notify_cpu[subject.name].block():
+            with cpu[subject.name].block():
                 for run_id in blocks[subject.name][i]:
-                    notify[subject.name].append(await _notify_one(d, subject, run_id, 1))
+                    took[subject.name].append(await _notify_one(d, subject, run_id, 1, think_ms))
+    n = len(ids["floor"])
+    return {s: {**latency_summary(took[s]), "cpu_ms_per_op": cpu[s].ms_per_op(n)} for s in took}
+
+
+async def approval_path(d: Driver) -> dict[str, Any]:
+    """Metrics `start_to_email`, `start_to_email_alone` and `approve_to_done` (the runs of both
+    start passes are approved)."""
+    n = d.plan.latency_samples
+    ids = {s.name: d.run_ids(s, "lat", n) for s in d.subjects}
+    alone_ids = {s.name: d.run_ids(s, "alone", n) for s in d.subjects}
+    d.countersign.new_orders(ids["countersign"] + ids["library"] + alone_ids["countersign"] + alone_ids["library"])
+    progress(f"start -> email: {n} runs per system, back to back, blocks of {d.plan.block}")
+    email_metric = await _start_to_email(d, ids, 0.0)
+    progress(f"start -> email: {n} runs per system, {d.plan.think_ms:g} ms think time after each email")
+    alone_metric = await _start_to_email(d, alone_ids, d.plan.think_ms)
 
     progress("waiting for every run to suspend, then approving one at a time")
+    every = {name: ids[name] + alone_ids[name] for name in ids}
     for subject in d.subjects:
-        await d.wait_suspended(subject, ids[subject.name])
+        await d.wait_suspended(subject, every[subject.name])
     approve_cpu = {s.name: d.cpu(s) for s in d.subjects}
-    approved = await approve_samples(d, ids, approve_cpu, d.subjects)
+    approved = await approve_samples(d, every, approve_cpu, d.subjects)
 
-    email_metric: dict[str, Any] = {}
     done_metric: dict[str, Any] = {}
     for subject in d.subjects:
         name = subject.name
-        email_metric[name] = {**latency_summary(notify[name]), "cpu_ms_per_op": notify_cpu[name].ms_per_op(n)}
         done, acted, answered = zip(*approved[name], strict=True)
         done_metric[name] = {
             **latency_summary(done),
-            "cpu_ms_per_op": approve_cpu[name].ms_per_op(n),
+            "cpu_ms_per_op": approve_cpu[name].ms_per_op(len(every[name])),
             "to_action": latency_summary(acted),
             "post_answered": latency_summary(answered),
         }
-    for metric, limit in ((email_metric, 2.0), (done_metric, 2.0)):
+    for metric, limit in ((email_metric, 2.0), (alone_metric, 2.0), (done_metric, 2.0)):
         metric["ratio_p50"] = ratio(metric["countersign"]["p50"], metric["floor"]["p50"])
         metric["library_ratio_p50"] = ratio(metric["library"]["p50"], metric["floor"]["p50"])
         metric["target"] = f"countersign p50 <= {limit:g}x floor p50"
@@ -111,15 +132,22 @@ async def approval_path(d: Driver) -> dict[str, Any]:
         "client clock before POST /<service>/<id>/run/send -> mtime of the notification file written inside the "
         "journaled mail step (Countersign: the outbox .eml; floor: a marker written the same way). Countersign "
         "runs a one-step script whose refund is gated; the library path (a user's workflow, BenchLibrary) calls "
-        "gated_call for the same refund. ratio_p50 is the agent's, library_ratio_p50 the library path's."
+        "gated_call for the same refund. ratio_p50 is the agent's, library_ratio_p50 the library path's. Back to "
+        "back: each start follows the previous notification at once."
     )
+    alone_metric["how"] = (
+        f"as start_to_email, with {d.plan.think_ms:g} ms of think time after each notification before the next "
+        "start: each run meets a system no longer busy with the previous one (Countersign's work after the email, "
+        "its bookkeeping call and the approval workflow's start, is not on this run's path)."
+    )
+    alone_metric["think_ms"] = d.plan.think_ms
     done_metric["how"] = (
         "client clock before the approver's POST (Countersign: the approval page's form, after an untimed page "
         "view, for the agent and the library path alike; floor: POST /BenchFloor/<id>/decide) -> the attach "
         "call returns the run's output; every run was suspended before. to_action: -> the action's own "
-        "timestamp (refund row created_at / journaled time)."
+        "timestamp (refund row created_at / journaled time). The runs of both start -> email passes."
     )
-    return {"start_to_email": email_metric, "approve_to_done": done_metric}
+    return {"start_to_email": email_metric, "start_to_email_alone": alone_metric, "approve_to_done": done_metric}
 
 
 async def resume_after_turns(d: Driver) -> dict[str, Any]:

@@ -21,6 +21,11 @@ def script_cap() -> int:
     return 50
 
 
+THINK_MS = 50.0
+"""Long enough for what a run does after its email (a bookkeeping call, the approval workflow's start:
+a few ms on this machine) to be over before the next start, short next to a person's pace."""
+
+
 @dataclass(frozen=True)
 class Plan:
     mode: str
@@ -30,6 +35,8 @@ class Plan:
     """Runs per system for start -> email and POST -> done."""
     block: int
     """Consecutive samples of one system before switching to the other (CPU is accounted per block)."""
+    think_ms: float
+    """For `start_to_email_alone`: the pause after each approval email before the next start."""
     step_counts: tuple[int, ...]
     step_samples: int
     resume_turns: tuple[int, ...]
@@ -75,6 +82,7 @@ def full_plan() -> Plan:
         warmup=30,
         latency_samples=200,
         block=20,
+        think_ms=THINK_MS,
         step_counts=(1, 10, 25, min(50, cap)),
         step_samples=20,
         resume_turns=(10, min(100, cap)),
@@ -93,6 +101,7 @@ def quick_plan() -> Plan:
         warmup=2,
         latency_samples=6,
         block=3,
+        think_ms=THINK_MS,
         step_counts=(1, 8),
         step_samples=2,
         resume_turns=(2, 6),

@@ -24,6 +24,10 @@ LIBRARY = "library"
 """The library path (a user's workflow calling the gate): measured where it has the agent's shape."""
 
 
+LATENCY = ("start_to_email", "start_to_email_alone", "approve_to_done")
+"""The latency metrics: each a p50/p90/p99 per system, the library path's included."""
+
+
 def _systems(metric: dict[str, Any]) -> tuple[str, ...]:
     return (*SYSTEMS, LIBRARY) if LIBRARY in metric else SYSTEMS
 
@@ -32,7 +36,7 @@ def headlines(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """metric -> {unit, floor, countersign, ratio, target, met, and where measured library, library_ratio}:
     the one line each metric is judged by."""
     rows: dict[str, dict[str, Any]] = {}
-    for name in ("start_to_email", "approve_to_done"):
+    for name in LATENCY:
         if name in metrics:
             m = metrics[name]
             rows[name] = {
@@ -134,7 +138,7 @@ CpuRow = tuple[str, dict[str, float], dict[str, float], dict[str, float] | None]
 
 
 def _cpu_rows(name: str, m: dict[str, Any]) -> list[CpuRow]:
-    if name in ("start_to_email", "approve_to_done", "start_to_paused_throughput"):
+    if name in (*LATENCY, "start_to_paused_throughput"):
         lib = m[LIBRARY]["cpu_ms_per_op"] if LIBRARY in m else None
         return [(name, m["floor"]["cpu_ms_per_op"], m["countersign"]["cpu_ms_per_op"], lib)]
     if name == "step_overhead":
@@ -169,18 +173,24 @@ def write(out: Path, meta: dict[str, Any], metrics: dict[str, Any]) -> None:
     chart(metrics, out / "latency.png", title=f"Countersign vs bare Restate floor ({meta['mode']}, {meta['started']})")
 
 
-def _ecdf(ax: Any, metric: dict[str, Any], title: str) -> None:
-    for system in _systems(metric):
-        data = np.sort(np.asarray(metric[system]["samples"]))
-        ax.step(
-            data,
-            np.arange(1, len(data) + 1) / len(data),
-            where="post",
-            color=COLORS[system],
-            label=f"{system} p50 {metric[system]['p50']:.1f} ms",
-        )
+def _ecdf(ax: Any, metric: dict[str, Any], title: str, alone: dict[str, Any] | None = None) -> None:
+    """Each system's distribution; with `alone` (start -> email with think time), dashed beside it."""
+    for m, style, how in ((metric, "-", ""), (alone, "--", " alone")):
+        if m is None:
+            continue
+        for system in _systems(m):
+            data = np.sort(np.asarray(m[system]["samples"]))
+            ax.step(
+                data,
+                np.arange(1, len(data) + 1) / len(data),
+                where="post",
+                color=COLORS[system],
+                linestyle=style,
+                label=f"{system}{how} p50 {m[system]['p50']:.1f} ms",
+            )
     library = f", library {metric['library_ratio_p50']:.2f}x" if LIBRARY in metric else ""
-    ax.set_title(f"{title}\n(ratio of p50 {metric['ratio_p50']:.2f}x{library})")
+    also = f"; alone {alone['ratio_p50']:.2f}x" if alone is not None else ""
+    ax.set_title(f"{title}\n(ratio of p50 {metric['ratio_p50']:.2f}x{library}{also})")
     ax.set_xlabel("ms")
     ax.set_ylabel("fraction of runs")
     ax.legend(loc="lower right")
@@ -191,7 +201,8 @@ def chart(metrics: dict[str, Any], path: Path, title: str) -> None:
     fig, axes = plt.subplots(2, 3, figsize=(18, 10))
     panels = iter(axes.flat)
     if "start_to_email" in metrics:
-        _ecdf(next(panels), metrics["start_to_email"], "start -> approval email handed to the mailer")
+        heading = "start -> approval email handed to the mailer (back to back; dashed: alone)"
+        _ecdf(next(panels), metrics["start_to_email"], heading, metrics.get("start_to_email_alone"))
     if "approve_to_done" in metrics:
         _ecdf(next(panels), metrics["approve_to_done"], "approver POST -> action done and recorded")
     if "resume_after_turns" in metrics:
