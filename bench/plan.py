@@ -69,6 +69,8 @@ class Plan:
             raise ValueError("paused sizes are capped at 100000; crash runs and turns must be at least 1")
         if not 1 <= self.concurrency <= 256:
             raise ValueError("concurrency must be 1..256")
+        if self.think_ms > 10_000:
+            raise ValueError("think time is capped at 10000 ms (a pause, not a wait for anything)")
         return self
 
     def with_overrides(self, overrides: dict[str, Any]) -> Plan:
