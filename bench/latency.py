@@ -31,16 +31,11 @@ def _blocks(items: list[str], size: int) -> Iterator[list[str]]:
         yield items[i : i + size]
 
 
-async def _notify_one(d: Driver, subject: Subject, run_id: str, turns: int, think_ms: float = 0.0) -> float:
-    """start -> notification, in ms; then `think_ms` before the caller starts anything else (untimed)."""
+async def _notify_one(d: Driver, subject: Subject, run_id: str, turns: int) -> float:
     task = subject.waiting_task(run_id, turns)
     t0 = now()
     await d.send(subject, run_id, task)
-    took = (await subject.watcher.wait(run_id, d.plan.timeout) - t0) * 1000
-    if think_ms:
-        # Load shape, not synchronisation: nothing waits for anything to finish here.
-        await asyncio.sleep(think_ms / 1000)
-    return took
+    return (await subject.watcher.wait(run_id, d.plan.timeout) - t0) * 1000
 
 
 async def _approve_one(d: Driver, subject: Subject, run_id: str, approval: Approval) -> tuple[float, float, float]:
@@ -89,7 +84,9 @@ async def _start_to_email(d: Driver, ids: dict[str, list[str]], think_ms: float)
         for subject in d.subjects:
             with cpu[subject.name].block():
                 for run_id in blocks[subject.name][i]:
-                    took[subject.name].append(await _notify_one(d, subject, run_id, 1, think_ms))
+                    took[subject.name].append(await _notify_one(d, subject, run_id, 1))
+                    if think_ms:  # load shape, not synchronisation: nothing is waited for (untimed)
+                        await asyncio.sleep(think_ms / 1000)
     n = len(ids["floor"])
     return {s: {**latency_summary(took[s]), "cpu_ms_per_op": cpu[s].ms_per_op(n)} for s in took}
 
