@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import httpx
 import pytest
@@ -388,3 +389,55 @@ def test_public_handlers_stay_public(app_server: AppServer, restate_server: Rest
         handlers = {h["name"]: h for h in described["handlers"]}
         assert {n for n, h in handlers.items() if h.get("public", True)} == public[service], service
         assert {n for n, h in handlers.items() if not h.get("public", True)} == private.get(service, set()), service
+
+
+def _public_handlers_with_input() -> list[tuple[str, str]]:
+    """(service, handler) of every handler of Countersign's that the ingress reaches with an input."""
+    from handlers.runtime.services import countersign_services
+
+    return [
+        (service.name, name)
+        for service in countersign_services()
+        for name, handler in service.handlers.items()
+        if handler.arity == 2 and not handler.ingress_private
+    ]
+
+
+BAD_BODIES: list[tuple[str, bytes | None]] = [
+    ("no body", None),
+    ("empty", b""),
+    ("blank", b"  \n"),
+    ("null", b"null"),
+    ("a list", b"[]"),
+    ("a string", b'"x"'),
+    ("not JSON", b"{"),
+    ("an unknown field", b'{"unexpected": 1}'),
+]
+
+
+@pytest.mark.parametrize(("service", "handler"), _public_handlers_with_input())
+def test_a_missing_or_misshaped_input_is_a_terminal_400(
+    app_server: AppServer, ingress: Ingress, restate_server: RestateServer, service: str, handler: str
+) -> None:
+    """Every input-taking handler the ingress reaches refuses a missing, empty or mis-shaped body
+    with a 400 that names what is wrong, and leaves no invocation retrying or paused."""
+    keys = []
+    for label, body in BAD_BODIES:
+        key = f"bad-input-{service.lower()}-{handler}-{uuid4().hex[:8]}"
+        keys.append(key)
+        path = f"/{service}/{handler}" if service == "ResendWebhook" else f"/{service}/{key}/{handler}"
+        headers = {} if body is None else {"content-type": "application/json"}
+        reply = ingress.client.post(path, content=body, headers=headers)
+        assert reply.status_code == 400, (label, reply.status_code, reply.text)
+        message = reply.json()["message"]
+        # Restate's ingress itself refuses an empty body sent as JSON; the handler refuses the rest.
+        named = ("a JSON body is required", "invalid ", "Empty body not allowed")
+        assert any(words in message for words in named), (label, message)
+        assert "Traceback" not in reply.text
+    quoted = ", ".join(f"'{k}'" for k in keys)
+    stuck = restate_server.sql(
+        f"SELECT target, status FROM sys_invocation WHERE target_service_name = '{service}' "
+        f"AND target_handler_name = '{handler}' AND status != 'completed' "
+        + ("" if service == "ResendWebhook" else f"AND target_service_key IN ({quoted})")
+    )
+    assert stuck == [], stuck

@@ -53,6 +53,7 @@ from handlers.contract import (
 from handlers.errors import is_cancellation
 from handlers.events import emit as events
 from handlers.faults import delay_point
+from handlers.inputs import Body, validation_summary
 from handlers.llm import ModelUnavailable, check_model, confidence, load_model
 from handlers.llm.base import (
     AssistantTurn,
@@ -86,18 +87,10 @@ class TaskSerde(Serde[AgentTask]):
         try:
             return AgentTask.model_validate_json(buf or b"null")
         except ValidationError as exc:
-            return AgentTask.refused(_validation_summary(exc))
+            return AgentTask.refused(validation_summary("AgentTask", exc))
 
     def serialize(self, obj: AgentTask | None) -> bytes:
         return obj.model_dump_json().encode() if obj is not None else b""
-
-
-def _validation_summary(exc: ValidationError) -> str:
-    problems = []
-    for err in exc.errors()[:8]:
-        where = ".".join(str(p) for p in err["loc"]) or "body"
-        problems.append(f"{where}: {err['msg']}")
-    return "invalid AgentTask: " + "; ".join(problems)
 
 
 agent_run = restate.Workflow(
@@ -551,7 +544,7 @@ def _own(ctx: WorkflowSharedContext, approval_id: str) -> str:
     return approval_id
 
 
-@agent_run.handler(name="decide", journal_retention=retention.NO_JOURNAL)
+@agent_run.handler(name="decide", input_serde=Body(Decision), journal_retention=retention.NO_JOURNAL)
 async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionReceipt:
     """Record one approver's verdict: handed to the approval's own workflow, which re-verifies the
     token and lets the first completion win."""
@@ -569,7 +562,7 @@ _SLOW_CANCEL_SECONDS = 3.0
 """How long the `slow-cancel` fault point holds a cancel between its read of the run and its promise."""
 
 
-@agent_run.handler(name="cancel", journal_retention=retention.NO_JOURNAL)
+@agent_run.handler(name="cancel", input_serde=Body(CancelRequest), journal_retention=retention.NO_JOURNAL)
 async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelReceipt:
     """Stop the run: a pending approval resolves as `cancelled` and nothing further executes."""
     state = await load_run(ctx, with_actions=False)
@@ -588,7 +581,7 @@ async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelRe
     return CancelReceipt(run_id=ctx.key(), accepted=accepted, cancelled_approvals=cancelled)
 
 
-@agent_run.handler(name="reassign", journal_retention=retention.NO_JOURNAL)
+@agent_run.handler(name="reassign", input_serde=Body(ReassignRequest), journal_retention=retention.NO_JOURNAL)
 async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> ReassignReceipt:
     """Hand a pending approval (one approver's part of it) to someone else, through the approval."""
     return await ctx.workflow_call(approval_reassign, key=_own(ctx, request.approval_id), arg=request)

@@ -49,6 +49,7 @@ from handlers.contract import (
 )
 from handlers.errors import is_already_completed, is_cancellation
 from handlers.faults import crash_point
+from handlers.inputs import Body
 from handlers.objects import bookkeeping
 from handlers.objects.audit import AuditEntry
 from handlers.objects.delivery import DeliveryFailure
@@ -215,7 +216,7 @@ async def _verified(ctx: WorkflowSharedContext, token: str, record: ApprovalReco
     return check
 
 
-@approval.handler(name="decide", journal_retention=retention.NO_JOURNAL)
+@approval.handler(name="decide", input_serde=Body(Decision), journal_retention=retention.NO_JOURNAL)
 async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionReceipt:
     """Record one approver's verdict. Re-verifies the link token itself; the first completion wins."""
     claims, record = await _linked(ctx, decision.token)
@@ -229,7 +230,7 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
     )
 
 
-@approval.handler(name="submit", journal_retention=retention.NO_JOURNAL)
+@approval.handler(name="submit", input_serde=Body(PageSubmission), journal_retention=retention.NO_JOURNAL)
 async def submit(ctx: WorkflowSharedContext, form: PageSubmission) -> Submitted:
     """An approval page's POST in one invocation: the approval's status, and its decision made with
     `decide`'s own checks (the link re-verified here, the first completion wins), or why it was not
@@ -438,7 +439,7 @@ def _slot_state(verdict: Verdict) -> str:
     return _SLOT_STATE[verdict.kind]
 
 
-@approval.handler(name="cancel", journal_retention=retention.NO_JOURNAL)
+@approval.handler(name="cancel", input_serde=Body(CancelRequest), journal_retention=retention.NO_JOURNAL)
 async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelReceipt:
     """Close a pending approval as `cancelled`: nothing executes. Not accepted once it is decided.
     An approval whose workflow has not saved its record yet (its caller froze it a moment ago) is
@@ -468,7 +469,7 @@ async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelRe
     return CancelReceipt(run_id=record.run_id, accepted=won, cancelled_approvals=[record.approval_id] if won else [])
 
 
-@approval.handler(name="reassign", journal_retention=retention.NO_JOURNAL)
+@approval.handler(name="reassign", input_serde=Body(ReassignRequest), journal_retention=retention.NO_JOURNAL)
 async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> ReassignReceipt:
     """Hand a pending approval (one approver's part of it) to someone else: a new round starts and
     older links stop working. A 400 that changes nothing when the request does not fit."""
@@ -522,7 +523,7 @@ def _reassign_refusal(tool: str, to: str) -> str:
     )
 
 
-@approval.handler(name="viewed", journal_retention=retention.NO_JOURNAL)
+@approval.handler(name="viewed", input_serde=Body(PageView), journal_retention=retention.NO_JOURNAL)
 async def viewed(ctx: WorkflowSharedContext, view: PageView) -> RunStatus:
     """An approval page was opened (GET): what `status` answers, and, when the link is authentic for
     this approval (re-verified here: the audit trail cannot be written from the ingress), a
@@ -591,7 +592,7 @@ async def complete(promise: DurablePromise[Any], value: Any) -> bool:
     return True
 
 
-@approval.handler(name="slack_decide", journal_retention=retention.NO_JOURNAL)
+@approval.handler(name="slack_decide", input_serde=Body(SlackInteraction), journal_retention=retention.NO_JOURNAL)
 async def slack_decide(ctx: WorkflowSharedContext, interaction: SlackInteraction) -> DecisionReceipt:
     """A decision made in Slack's modal: Slack's signature is verified again here, the clicking Slack
     user must be the approver of the slot the message was sent to (by their Slack email), then the

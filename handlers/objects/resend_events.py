@@ -26,10 +26,12 @@ from pydantic import BaseModel, Field, ValidationError
 from restate import Context, RunOptions, TerminalError
 
 from handlers.contract import Strict
+from handlers.inputs import Body
 from handlers.mail.intent import from_tag_value
 from handlers.mail.resend_backend import scrub
 from handlers.objects.delivery import WEBHOOK_RETENTION, DeliveryEvent, record
 from handlers.security.links import approval_id
+from handlers.security.redact import clean_failures
 from handlers.settings import get_settings
 
 MAX_PAYLOAD = 256 * 1024
@@ -144,10 +146,14 @@ def _verify(delivery: WebhookDelivery) -> VerifiedEvents:
     return VerifiedEvents(events=delivery_events(delivery.svix_id, verified))
 
 
-resend_webhook = restate.Service("ResendWebhook", description="Resend's signed delivery events, re-verified.")
+resend_webhook = restate.Service(
+    "ResendWebhook",
+    description="Resend's signed delivery events, re-verified.",
+    invocation_context_managers=[clean_failures],
+)
 
 
-@resend_webhook.handler(name="receive", idempotency_retention=WEBHOOK_RETENTION)
+@resend_webhook.handler(name="receive", input_serde=Body(WebhookDelivery), idempotency_retention=WEBHOOK_RETENTION)
 async def receive(ctx: Context, delivery: WebhookDelivery) -> WebhookAck:
     """Re-verify one webhook's signature, then hand each of its events to `EmailDelivery.record`."""
     # Journaled: the clock and the secret decide the branch, and a replay must take the same one.
