@@ -390,6 +390,9 @@ class DecisionReceipt(BaseModel):
 
 class CancelRequest(Strict):
     reason: str = Field(min_length=1, max_length=2000)
+    by: str | None = Field(
+        default=None, min_length=1, max_length=200, description="who asked (recorded in the audit trail)"
+    )
 
 
 class ReassignRequest(Strict):

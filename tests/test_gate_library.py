@@ -8,6 +8,7 @@ import json
 import sqlite3
 import textwrap
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -242,16 +243,55 @@ def test_bad_input_to_the_gate_is_a_clear_answer_not_a_stuck_invocation(stack: I
     assert failed.status_code == 400 and "run_id" in failed.json()["message"]
 
 
-def test_an_approval_cancelled_before_its_workflow_started_ends_cancelled(stack: IsolatedStack) -> None:
-    """The window between a caller freezing a call and the approval's workflow saving it: a cancel in
-    it is not lost (the approval ends cancelled as soon as it waits) and nothing runs."""
-    ahead = stack.ingress.call("Approval", "desk-5-a0", "cancel", {"reason": "withdrawn"}).json()
-    assert ahead["accepted"] is True and ahead["cancelled_approvals"] == ["desk-5-a0"]
+def test_a_cancel_for_an_id_nobody_asked_holds_nothing(stack: IsolatedStack) -> None:
+    """Approval ids are predictable (`<run>-a<index>`): a cancel under one that nobody asked waits,
+    bounded, for a request on its way, then cancels nothing, and a later request there waits for a
+    person as any other does."""
+    early = stack.ingress.call("Approval", "desk-5-a0", "cancel", {"reason": "withdrawn", "by": "mallory"}).json()
+    assert early == {"run_id": "", "accepted": False, "cancelled_approvals": []}
     order = new_order(stack.db_path, 90000)
     ask = {"run_id": "desk-5", "tool": "issue_refund", "args": refund(order, "700.00")}
-    record = stack.ingress.wait_invocation(stack.ingress.send("RefundDesk", "customer-5", "act", ask)).json()
-    assert record["outcome"] == "cancelled" and record["reason"] == "withdrawn"
+    asked = stack.ingress.send("RefundDesk", "customer-5", "act", ask)
+    wait_for_email(stack.outbox_dir, "desk-5")
+    status = wait_until(
+        lambda: stack.ingress.call("Approval", "desk-5-a0", "status", None).json()["pending"] or None,
+        timeout=30,
+        what="desk-5-a0 to wait for a person",
+    )
+    assert [p["approval_id"] for p in status] == ["desk-5-a0"]
+    receipt = stack.ingress.call("Approval", "desk-5-a0", "cancel", {"reason": "done", "by": "ops-lead"}).json()
+    assert receipt["accepted"] is True
+    record = stack.ingress.wait_invocation(asked).json()
+    assert record["outcome"] == "cancelled" and record["reason"] == "done"
     assert refunds_for(stack.db_path, "desk-5") == []
+
+
+def test_a_cancel_that_races_the_request_cancels_it_and_names_who_asked(stack: IsolatedStack) -> None:
+    """The window between a caller emailing its request and the approval's workflow saving it: a
+    cancel in it is not lost (it waits for the record, bounded) and nothing runs. The trail says who
+    cancelled."""
+    order = new_order(stack.db_path, 90000)
+    ask = {"run_id": "desk-8", "tool": "issue_refund", "args": refund(order, "700.00")}
+    with ThreadPoolExecutor(1) as pool:
+        cancel = {"reason": "withdrawn", "by": "ops-lead"}
+        cancelling = pool.submit(stack.ingress.call, "Approval", "desk-8-a0", "cancel", cancel)
+        wait_until(
+            lambda: stack.restate.sql(
+                "SELECT id FROM sys_invocation WHERE target_service_key = 'desk-8-a0' "
+                "AND target_handler_name = 'cancel'"
+            ),
+            timeout=10,
+            what="the cancel to be under way",
+        )
+        asked = stack.ingress.send("RefundDesk", "customer-8", "act", ask)
+        receipt = cancelling.result(timeout=30).json()
+    assert receipt == {"run_id": "desk-8", "accepted": True, "cancelled_approvals": ["desk-8-a0"]}
+    record = stack.ingress.wait_invocation(asked).json()
+    assert record["outcome"] == "cancelled" and record["reason"] == "withdrawn"
+    assert refunds_for(stack.db_path, "desk-8") == []
+    wait_until(lambda: "outcome" in audit_kinds(stack, "desk-8-a0"), timeout=30, what="desk-8-a0's outcome entry")
+    ends = [(e.actor, e.details["outcome"]) for e in audit_log(stack, "desk-8-a0").entries if e.kind == "outcome"]
+    assert ends == [("ops-lead", "cancelled")]
 
 
 def test_an_operator_shows_and_cancels_the_approvals_a_users_handler_asked(stack: IsolatedStack) -> None:
@@ -279,11 +319,13 @@ def test_an_operator_shows_and_cancels_the_approvals_a_users_handler_asked(stack
     assert by_run.returncode == 1, "the caller's run id is no run of AgentRun"
     assert "ops-1 is not a run of AgentRun; its approvals (show one by its id): ops-1-a0" in by_run.stderr
 
-    one = cli(stack.restate, "cancel", "ops-1-a0", "--reason", "withdrawn", "--json")
+    one = cli(stack.restate, "cancel", "ops-1-a0", "--reason", "withdrawn", "--by", "ops-lead", "--json")
     assert one.returncode == 0, one.stderr
     assert json.loads(one.stdout) == {"run_id": "ops-1", "accepted": True, "cancelled_approvals": ["ops-1-a0"]}
     outcome = stack.ingress.wait_invocation(asked["ops-1"]).json()
     assert outcome["verdict"] == "cancelled" and outcome["reason"] == "withdrawn"
+    wait_until(lambda: "outcome" in audit_kinds(stack, "ops-1-a0"), timeout=30, what="ops-1-a0's outcome entry")
+    assert [e.actor for e in audit_log(stack, "ops-1-a0").entries if e.kind == "outcome"] == ["ops-lead"]
 
     # 0s: every one waiting now (an age of zero is an age, not a missing option).
     stale = cli(stack.restate, "cancel", "--older-than", "0s", "--reason", "stale", "--json")
@@ -301,11 +343,12 @@ def test_an_operator_shows_and_cancels_the_approvals_a_users_handler_asked(stack
 def test_a_run_id_and_index_place_one_approval_once(stack: IsolatedStack) -> None:
     """Asking again at a placement that was already asked is refused with a message that says why, not
     Restate's bare 'already invoked'; the first approval keeps its outcome and nothing runs twice."""
-    ahead = stack.ingress.call("Approval", "desk-6-a0", "cancel", {"reason": "withdrawn"}).json()
-    assert ahead["accepted"] is True
     order = new_order(stack.db_path, 90000)
     ask = {"run_id": "desk-6", "tool": "issue_refund", "args": refund(order, "700.00")}
-    first = stack.ingress.wait_invocation(stack.ingress.send("RefundDesk", "customer-6", "act", ask)).json()
+    asking = stack.ingress.send("RefundDesk", "customer-6", "act", ask)
+    wait_for_email(stack.outbox_dir, "desk-6")
+    assert stack.ingress.call("Approval", "desk-6-a0", "cancel", {"reason": "withdrawn"}).json()["accepted"] is True
+    first = stack.ingress.wait_invocation(asking).json()
     assert first["outcome"] == "cancelled"
     again = stack.ingress.wait_invocation(stack.ingress.send("RefundDesk", "customer-6b", "act", ask))
     assert again.status_code == 409
@@ -313,8 +356,14 @@ def test_a_run_id_and_index_place_one_approval_once(stack: IsolatedStack) -> Non
     assert refunds_for(stack.db_path, "desk-6") == []
     # The refused caller's notices (sent before it was refused) tell of nothing that happened: the
     # trail keeps one request and stays intact. The run's next approval goes to the same shard after them.
+    second = stack.ingress.send("RefundDesk", "customer-6c", "act", {**ask, "index": 1})
+    wait_until(
+        lambda: stack.ingress.call("Approval", "desk-6-a1", "status", None).json()["pending"],
+        timeout=30,
+        what="desk-6-a1 to wait for a person",
+    )
     stack.ingress.call("Approval", "desk-6-a1", "cancel", {"reason": "withdrawn"})
-    stack.ingress.wait_invocation(stack.ingress.send("RefundDesk", "customer-6c", "act", {**ask, "index": 1}))
+    stack.ingress.wait_invocation(second)
     wait_until(lambda: "outcome" in audit_kinds(stack, "desk-6-a1"), timeout=30, what="desk-6-a1's outcome entry")
     assert audit_kinds(stack, "desk-6-a0").count("requested") == 1
     assert verify(audit_log(stack, "desk-6-a0").entries) == []

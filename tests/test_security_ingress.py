@@ -128,6 +128,12 @@ def internal_calls(run_id: str, approval: str) -> list[tuple[str, str, str, Any]
         (
             "Approval",
             approval,
+            "cancel_frozen",
+            {"request": {"reason": "forged", "by": "mallory"}, "digest": "0" * 64, "approvers": 1},
+        ),
+        (
+            "Approval",
+            approval,
             "delivery_failed",
             {
                 "run_id": run_id,
@@ -374,7 +380,7 @@ def test_public_handlers_stay_public(app_server: AppServer, restate_server: Rest
     }
     private = {
         "AgentRun": {"delivery_failed"},
-        "Approval": {"run", "delivery_failed"},
+        "Approval": {"run", "delivery_failed", "cancel_frozen"},
         "ApprovalInbox": {"apply", "entries"},
         "ApprovalAudit": {"append", "append_all"},
         "Bookkeeping": {"apply", "apply_run", "audit", "inbox", "samples"},

@@ -25,9 +25,8 @@ from handlers.approval import ledger
 from handlers.approval.plan import PLAN_TOOL, ApprovedPlan
 from handlers.approval.plan_calls import ask_plan_approval
 from handlers.approval.run_state import RunBook, RunState, load_header, load_run, pending_ids
-from handlers.approval.verdict import CANCEL_PROMISE
-from handlers.approval.workflow import cancel as approval_cancel
-from handlers.approval.workflow import complete, pending_of, run_status
+from handlers.approval.verdict import cancel_promise, cancel_value
+from handlers.approval.workflow import cancel_approval, complete, pending_of, run_status
 from handlers.approval.workflow import decide as approval_decide
 from handlers.approval.workflow import delivery_failed as approval_delivery_failed
 from handlers.approval.workflow import reassign as approval_reassign
@@ -284,7 +283,7 @@ async def run(ctx: WorkflowContext, task: AgentTask) -> RunResult:
 async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> RunResult:
     model_id = task.model
     transcript = Transcript(goal=task.goal, requester=task.requester)
-    cancel = ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest)
+    cancel = cancel_promise(ctx)
 
     malformed = 0
     planned = False  # the run has its plan (or needs none)
@@ -573,11 +572,10 @@ async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelRe
     await delay_point("slow-cancel", _SLOW_CANCEL_SECONDS)
     cancelled = []
     for approval_id in pending_ids(await load_header(ctx), state.approvals):
-        # An approval whose workflow has not saved its record yet is cancelled ahead (see `Approval.cancel`).
-        receipt = await ctx.workflow_call(approval_cancel, key=approval_id, arg=request)
+        receipt = await cancel_approval(ctx, approval_id, state.approvals.get(approval_id), request)
         cancelled += receipt.cancelled_approvals
     # Last, so that a run between turns stops at its next one; a waiting run hears from its approvals.
-    accepted = await complete(ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest), request)
+    accepted = await complete(cancel_promise(ctx), cancel_value(request))
     return CancelReceipt(run_id=ctx.key(), accepted=accepted, cancelled_approvals=cancelled)
 
 

@@ -548,7 +548,7 @@ async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateRes
     book.hand_over(record.approval_id for record in records)
     # A cancel of the run that came after its turn last checked for one (while the model was still
     # answering, say) may have found none of these approvals to close: the run passes it on.
-    decided = await results_or_cancel(book.ctx, [r.approval_id for r in records], futures)
+    decided = await results_or_cancel(book.ctx, records, futures)
     for result in decided:
         book.state.approvals[result.record.approval_id] = result.record
     book.save()

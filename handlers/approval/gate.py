@@ -265,7 +265,10 @@ def _decided(book: RunBook, record: ApprovalRecord, final: Verdict, state: Appro
     record.decided_via = final.via if final.source == "human" else None
     record.reason = final.reason
     record.approved_by = sorted({v.by for v in record.approvals_in_round() if v.by})
-    record.decided_by = ", ".join(record.approved_by) if final.kind == "approve" and final.by else final.by
+    # A cancel names who asked for it (an operator), never a decider of the action.
+    record.decided_by = (
+        ", ".join(record.approved_by) if final.kind == "approve" and final.by else final.by or final.asked_by
+    )
     events.approval_decided(book.ctx, record)
     book.state.phase = "acting"
     book.save()

@@ -19,18 +19,20 @@ import restate
 from restate import WorkflowContext
 
 from handlers.approval.gate import GateResult
-from handlers.approval.verdict import CANCEL_PROMISE
-from handlers.approval.workflow import cancel as approval_cancel
-from handlers.contract import CancelRequest
+from handlers.approval.verdict import cancel_promise
+from handlers.approval.workflow import cancel_approval
+from handlers.contract import ApprovalRecord
 
 
 async def results_or_cancel(
-    ctx: WorkflowContext, approval_ids: Sequence[str], calls: Sequence[restate.RestateDurableCallFuture[GateResult]]
+    ctx: WorkflowContext,
+    records: Sequence[ApprovalRecord],
+    calls: Sequence[restate.RestateDurableCallFuture[GateResult]],
 ) -> list[GateResult]:
-    """The result of each handed-over approval (`calls[i]` runs `approval_ids[i]`), in order. If the
+    """The result of each handed-over approval (`calls[i]` runs `records[i]`), in order. If the
     run is cancelled meanwhile, every one of them is cancelled (a decided one refuses it and keeps
     its result) and the results are awaited as they end."""
-    cancelled = ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest).value()
+    cancelled = cancel_promise(ctx).value()
     passed_on = False
     results: list[GateResult] = []
     for call in calls:
@@ -42,7 +44,7 @@ async def results_or_cancel(
             results.append(value)
             continue
         passed_on = True
-        for approval_id in approval_ids:
-            await ctx.workflow_call(approval_cancel, key=approval_id, arg=value)
+        for record in records:
+            await cancel_approval(ctx, record.approval_id, record, value)
         results.append(await call)
     return results

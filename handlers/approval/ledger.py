@@ -147,7 +147,7 @@ def voted(book: RunBook, record_: ApprovalRecord, verdict: Verdict) -> None:
         "decided",
         verdict.at,
         f"r{verdict.round}/s{verdict.slot}",
-        actor=verdict.by,
+        actor=verdict.by or verdict.asked_by,
         verdict=verdict.kind,
         reason=verdict.reason,
         edits=verdict.edits,

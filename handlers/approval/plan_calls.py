@@ -135,7 +135,7 @@ async def ask_plan_approval(
         result = await called
     else:
         book.hand_over([record.approval_id])
-        [result] = await results_or_cancel(book.ctx, [record.approval_id], [called])
+        [result] = await results_or_cancel(book.ctx, [record], [called])
         book.state.approvals[record.approval_id] = result.record
         book.save()
     return approved_plan(result.record, result.action.outcome, result.action.args, on_deviation=on_deviation)

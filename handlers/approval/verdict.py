@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel
+from restate import DurablePromise, WorkflowContext, WorkflowSharedContext
 
-from handlers.contract import ApprovalState, DecisionSource
+from handlers.compact import Compact
+from handlers.contract import ApprovalState, CancelRequest, DecisionSource
 
 CANCEL_PROMISE = "cancel"
 
@@ -34,7 +36,7 @@ class Verdict(BaseModel):
     closes_as: ApprovalState | None = None
     to: str | None = None
     asked_by: str | None = None
-    """Who asked for a reassignment (an operator); recorded in the audit trail, never a decider."""
+    """Who asked for a reassignment or a cancel (an operator); recorded in the audit trail, never a decider."""
 
 
 def slot_promise(approval_id: str, round_: int, slot: int) -> str:
@@ -56,3 +58,14 @@ def state_of(final: Verdict) -> ApprovalState:
             return "cancelled"
         case _:
             return "undeliverable"
+
+
+def cancel_promise(ctx: WorkflowContext | WorkflowSharedContext) -> DurablePromise[CancelRequest]:
+    """The promise a cancel completes, of an approval or of a run. Its value is `cancel_value`'s."""
+    return ctx.promise(CANCEL_PROMISE, serde=Compact(CancelRequest))
+
+
+def cancel_value(request: CancelRequest) -> CancelRequest:
+    """What a cancel promise holds: the reason only. A run still on an older deployment reads it with
+    a model that refuses fields it does not know; who asked is in the cancelled slots' verdicts."""
+    return CancelRequest(reason=request.reason)

@@ -20,9 +20,9 @@ from handlers.approval.deadlines import can_escalate, next_event
 from handlers.approval.rounds import EMAIL_RETRIES, closing, open_round
 from handlers.approval.run_state import RunBook
 from handlers.approval.verdict import (
-    CANCEL_PROMISE,
     Verdict,
     VerdictKind,
+    cancel_promise,
     slot_promise,
     state_of,
 )
@@ -31,7 +31,7 @@ from handlers.channels.email import EMAIL
 from handlers.channels.slack import final_line
 from handlers.channels.slack_messages import SlackChannel, SlackNotice
 from handlers.channels.slack_messages import notify as slack_notify
-from handlers.contract import ApprovalRecord, CancelRequest
+from handlers.contract import ApprovalRecord
 from handlers.errors import is_already_completed, is_cancellation
 from handlers.mail.approval_email import MailKind, idempotency_key, send_batch_request
 from handlers.mail.message import SendReceipt
@@ -299,7 +299,7 @@ async def wait_all(
         # Nobody could be emailed: hand over to the escalation chain now, or end `undeliverable`.
         if not delivered[i] and (final := await waiter.escalate_or_give_up()) is not None:
             finals[i] = waiter.conclude(final)
-    cancelled = book.ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest).value()
+    cancelled = cancel_promise(book.ctx).value()
     clock = max(w.clock for w in waiters)
     for _ in range(sum(w.event_bound() for w in waiters)):
         pending = [i for i in range(len(waiters)) if i not in finals]

@@ -28,7 +28,7 @@ from handlers.approval.edits import EditRejected, apply_edits
 from handlers.approval.gate import Act, GateResult, decide_and_act
 from handlers.approval.plan import apply_plan_edits
 from handlers.approval.run_state import RunBook, RunState, load_approval, load_header, load_run
-from handlers.approval.verdict import CANCEL_PROMISE, Verdict, slot_promise
+from handlers.approval.verdict import Verdict, cancel_promise, cancel_value, slot_promise
 from handlers.channels import slack, slack_interactions
 from handlers.channels.slack_interactions import SlackInteraction, SlackSubmission
 from handlers.compact import Compact
@@ -441,32 +441,95 @@ def _slot_state(verdict: Verdict) -> str:
 
 @approval.handler(name="cancel", input_serde=Body(CancelRequest), journal_retention=retention.NO_JOURNAL)
 async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelReceipt:
-    """Close a pending approval as `cancelled`: nothing executes. Not accepted once it is decided.
-    An approval whose workflow has not saved its record yet (its caller froze it a moment ago) is
-    cancelled ahead: it ends `cancelled` as soon as it starts waiting."""
+    """Close a pending approval as `cancelled`: nothing executes. Not accepted once it is decided,
+    nor for an id under which nothing is waiting: a caller emails its request just before it starts
+    the approval's workflow, so a cancel that finds no record waits, bounded, for that workflow to
+    save one; if none appears, nothing is cancelled and nothing is held for a later request."""
     record = await _record(ctx)
+    for pause in _RECORD_WAITS:
+        if record is not None:
+            break
+        await ctx.sleep(timedelta(seconds=pause))
+        # A call, not a state read: this invocation's own reads would not see a later save.
+        answer = await ctx.workflow_call(status, key=ctx.key(), arg=None)
+        record = next((r for r in answer.approvals if r.approval_id == ctx.key()), None)
     if record is None:
-        ahead = await complete(ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest), request)
-        return CancelReceipt(run_id="", accepted=ahead, cancelled_approvals=[ctx.key()] if ahead else [])
+        return CancelReceipt(run_id="", accepted=False, cancelled_approvals=[])
+    return await _cancel(ctx, record, request)
+
+
+_RECORD_WAITS = (0.05, 0.1, 0.25, 0.5, 1.0, 1.5)
+"""The pauses (3.4 s in all) of a cancel that waits for an approval's workflow to save its record."""
+
+
+class FrozenCancel(BaseModel):
+    """Input of `Approval.cancel_frozen`: a run's cancel of an approval it froze and asked for."""
+
+    request: CancelRequest
+    digest: str
+    approvers: int
+
+
+# Private: only an agent run calls it, for an approval it froze (so its request is on its way).
+@approval.handler(
+    name="cancel_frozen",
+    input_serde=Body(FrozenCancel),
+    journal_retention=retention.NO_JOURNAL,
+    ingress_private=True,
+)
+async def cancel_frozen(ctx: WorkflowSharedContext, order: FrozenCancel) -> CancelReceipt:
+    """`cancel`, for an approval its caller froze: when its workflow has not saved the record yet,
+    the cancel is held ahead for exactly that request. The slots of its first round are closed as
+    cancelled by whoever asked (the trail names them) and the approval ends `cancelled` as soon as
+    it waits. Only the run that froze it can hold one, so no id is cancelled before it is asked."""
+    record = await _record(ctx)
+    if record is not None:
+        return await _cancel(ctx, record, order.request)
+    now = await ctx.time()
+    won = False
+    for slot in range(order.approvers):
+        verdict = _cancelled(order.request, slot, 1, order.digest, now)
+        won = await complete(ctx.promise(slot_promise(ctx.key(), 1, slot), type_hint=Verdict), verdict) or won
+    await complete(cancel_promise(ctx), cancel_value(order.request))
+    return CancelReceipt(run_id="", accepted=won, cancelled_approvals=[ctx.key()] if won else [])
+
+
+async def cancel_approval(
+    ctx: restate.Context, approval_id: str, frozen: ApprovalRecord | None, request: CancelRequest
+) -> CancelReceipt:
+    """A run's cancel of one of its approvals: held ahead if the run still holds its `frozen` record
+    (its workflow may not have saved one yet), else the approval's own `cancel`."""
+    if frozen is None:
+        return await ctx.workflow_call(cancel, key=approval_id, arg=request)
+    order = FrozenCancel(request=request, digest=frozen.digest, approvers=len(frozen.approvers))
+    return await ctx.workflow_call(cancel_frozen, key=approval_id, arg=order)
+
+
+async def _cancel(ctx: WorkflowSharedContext, record: ApprovalRecord, request: CancelRequest) -> CancelReceipt:
     if record.state != "pending":
         return CancelReceipt(run_id=record.run_id, accepted=False, cancelled_approvals=[])
     now = await ctx.time()
     won = False
     for slot in record.active_slots:
-        verdict = Verdict(
-            kind="cancel",
-            slot=slot,
-            round=record.round,
-            digest=record.digest,
-            at=now,
-            reason=request.reason,
-            source="system",
-        )
+        verdict = _cancelled(request, slot, record.round, record.digest, now)
         promise = ctx.promise(slot_promise(record.approval_id, record.round, slot), type_hint=Verdict)
         won = await complete(promise, verdict) or won
     # Last, so that the waiting workflow sees its slots closed as cancelled by this call.
-    await complete(ctx.promise(CANCEL_PROMISE, type_hint=CancelRequest), request)
+    await complete(cancel_promise(ctx), cancel_value(request))
     return CancelReceipt(run_id=record.run_id, accepted=won, cancelled_approvals=[record.approval_id] if won else [])
+
+
+def _cancelled(request: CancelRequest, slot: int, round_: int, digest: str, now: float) -> Verdict:
+    return Verdict(
+        kind="cancel",
+        slot=slot,
+        round=round_,
+        digest=digest,
+        at=now,
+        reason=request.reason,
+        source="system",
+        asked_by=request.by or "operator",
+    )
 
 
 @approval.handler(name="reassign", input_serde=Body(ReassignRequest), journal_retention=retention.NO_JOURNAL)

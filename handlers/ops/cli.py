@@ -44,7 +44,7 @@ def _asker(value: str) -> str:
 
 
 def _operator() -> str:
-    """Who runs the CLI, as the login name says (the default of `reassign --by`)."""
+    """Who runs the CLI, as the login name says (the default of `reassign --by` and `cancel --by`)."""
     try:
         return f"cli:{getpass.getuser()}"
     except (KeyError, OSError):  # no login name (a container without a passwd entry)
@@ -99,6 +99,7 @@ def parser() -> argparse.ArgumentParser:
     cancel.add_argument("run_id", nargs="?")
     cancel.add_argument("--older-than", type=_duration, metavar="AGE")
     cancel.add_argument("--reason", required=True)
+    cancel.add_argument("--by", type=_asker, default=None, help="who asks, for the audit trail (default: cli:$USER)")
     inbox = commands.add_parser("inbox", help="an approver's inbox links")
     inbox_commands = inbox.add_subparsers(dest="inbox_command", required=True)
     revoke = inbox_commands.add_parser(
@@ -221,8 +222,8 @@ def _operate(args: argparse.Namespace) -> int:
         return _out(args, ops.reassign(args.approval_id, args.to, args.replacing, args.reason, args.by or _operator()))
     if args.command == "cancel":
         if args.run_id:
-            return _out(args, ops.cancel(args.run_id, args.reason))
-        rows = ops.cancel_older_than(args.older_than, args.reason, time.time())
+            return _out(args, ops.cancel(args.run_id, args.reason, args.by or _operator()))
+        rows = ops.cancel_older_than(args.older_than, args.reason, time.time(), args.by or _operator())
         return _out(args, rows, ["run_id", "accepted", "cancelled_approvals"])
     if args.command == "inbox":
         return _out(args, ops.inbox_revoke(args.approver))

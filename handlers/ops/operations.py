@@ -192,29 +192,29 @@ class Operations:
         request = ReassignRequest(approval_id=approval_id, to=to, replacing=replacing, reason=reason, by=by)
         return dict(self._call("Approval", approval_id, "reassign", request.model_dump()))
 
-    def cancel(self, run_id: str, reason: str) -> dict[str, Any]:
+    def cancel(self, run_id: str, reason: str, by: str | None = None) -> dict[str, Any]:
         """Cancel an agent run (its pending approvals with it), or one approval by its id: one that a
         gate in your own handler asked, which no run of `AgentRun` holds. An id that is neither is
-        answered by `AgentRun.cancel` as before (not accepted): `Approval.cancel` would cancel ahead
-        an approval that might start later under that id. The first read also checks the key."""
+        answered by `AgentRun.cancel` as before (not accepted). `by` is named in the audit trail.
+        The first read also checks the key."""
         if not self._known("AgentRun", run_id) and self._known("Approval", run_id):
-            return self._cancel("Approval", run_id, reason)
-        return self._cancel("AgentRun", run_id, reason)
+            return self._cancel("Approval", run_id, reason, by)
+        return self._cancel("AgentRun", run_id, reason, by)
 
-    def _cancel(self, service: str, key: str, reason: str) -> dict[str, Any]:
-        return dict(self._call(service, key, "cancel", CancelRequest(reason=reason).model_dump()))
+    def _cancel(self, service: str, key: str, reason: str, by: str | None) -> dict[str, Any]:
+        return dict(self._call(service, key, "cancel", CancelRequest(reason=reason, by=by).model_dump()))
 
-    def cancel_older_than(self, limit: int, reason: str, now: float) -> list[dict[str, Any]]:
+    def cancel_older_than(self, limit: int, reason: str, now: float, by: str | None = None) -> list[dict[str, Any]]:
         """Every agent run with an approval waiting longer than `limit`, and every such approval that
         a gate in your own handler asked (your handler hears `cancelled` and goes on as it decides)."""
         stale = self.pending(older_than=limit, now=now)
         receipts = []
         for run_id in sorted({row["run_id"] for row in stale}):
             if self._known("AgentRun", run_id):
-                receipts.append(self._cancel("AgentRun", run_id, reason))
+                receipts.append(self._cancel("AgentRun", run_id, reason, by))
                 continue
             for approval_id in sorted(row["approval_id"] for row in stale if row["run_id"] == run_id):
-                receipts.append(self._cancel("Approval", approval_id, reason))
+                receipts.append(self._cancel("Approval", approval_id, reason, by))
         return receipts
 
     def inbox_revoke(self, approver: str) -> dict[str, Any]:
