@@ -152,6 +152,57 @@ def test_approve_in_slack_after_refusing_forged_stale_and_wrong_user_clicks(
     assert f"decided in Slack by {FINANCE}" in page.text
 
 
+def test_a_malformed_timestamp_is_refused_as_a_forgery_and_an_odd_payload_is_a_400(
+    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+) -> None:
+    """Anyone can send these: a missing, non-numeric or overlong timestamp (slack_sdk does
+    `int(timestamp)`) or a non-ASCII signature is a 401 like a forged signature, on the web route and
+    at the ingress (where it must be a terminal refusal, not a step retried until the invocation
+    pauses); a signed payload of an unexpected shape is a 400 that says so. Never a 500."""
+    stack = slack_stack(isolated_stack, tmp_path, fake)
+    url = f"{stack.app.url}/slack/interactions"
+    form = {b"content-type": b"application/x-www-form-urlencoded"}
+    body, headers = signed({"type": "block_actions"})
+    now = headers["x-slack-request-timestamp"].encode()
+    timestamps: list[dict[bytes, bytes]] = [  # bytes: a header value need not be ASCII
+        {},
+        {b"x-slack-request-timestamp": b""},
+        {b"x-slack-request-timestamp": b"not-a-number"},
+        {b"x-slack-request-timestamp": b"9" * 400},
+        {b"x-slack-request-timestamp": now, b"x-slack-signature": b"v0=\xe9"},
+    ]
+    for sent in timestamps:
+        reply = httpx.post(url, content="payload=x", headers={**form, **sent}, timeout=10)
+        assert reply.status_code == 401, (sent, reply.status_code, reply.text)
+        assert "signature or timestamp was not accepted" in reply.json()["error"]
+
+    button = json.dumps({"a": f"{run_id}-a0", "r": 1, "s": 0})
+    odd = {
+        "a view that is text": {"type": "view_submission", "user": {"id": FINANCE_ID}, "view": "x"},
+        "a user that is text": submission(
+            {"callback_id": "countersign_decide", "private_metadata": button.replace("}", ', "v": "approve"}')},
+            "x",
+        )
+        | {"user": "x"},
+        "a container that is text": {
+            "type": "block_actions",
+            "container": "x",
+            "actions": [{"action_id": "countersign_approve", "value": button}],
+        },
+    }
+    for what, payload in odd.items():
+        reply = interact(stack, payload)
+        assert reply.status_code == 400, (what, reply.status_code, reply.text)
+        assert "not a Slack interaction this service can read" in reply.json()["error"], what
+
+    # At the ingress: refused at once, as a forged signature is. A retried step would hold the
+    # call past this deadline (the invocation backs off, then pauses), so an answer means terminal.
+    interaction = {"body": body, "timestamp": "", "signature": "v0=" + "0" * 64}
+    answer = stack.ingress.client.post(f"/Approval/{run_id}-a0/slack_decide", json=interaction, timeout=10)
+    assert answer.status_code == 401 and "not accepted" in answer.json()["message"], answer.text
+    assert "Traceback" not in stack.app.log_path.read_text()
+
+
 def test_slack_down_does_not_hold_the_email_and_its_message_is_updated_once_up(
     isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
 ) -> None:

@@ -12,7 +12,7 @@ from fakes.slack_server import submit as submission
 from pydantic import SecretStr, ValidationError
 
 from handlers.channels import slack
-from handlers.channels.slack_interactions import authentic, payload_of
+from handlers.channels.slack_interactions import NotOurs, authentic, payload_of
 from handlers.channels.slack_interactions import submission as read_submission
 from handlers.contract import ApprovalRecord, Fact
 from handlers.settings import Settings
@@ -105,8 +105,37 @@ def test_signed_payloads_are_verified_and_read() -> None:
         "fine",
         "D1",
     )
-    with pytest.raises(ValueError):
+    with pytest.raises(NotOurs):
         read_submission({"type": "view_submission", "view": {"callback_id": "other"}}, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("timestamp", "signature"),
+    [("", None), ("soon", None), ("1.5e9", None), ("9" * 400, None), ("9" * 5000, None), (None, "v0=\u00e9")],
+    ids=["empty", "word", "float", "overflows-float", "too-many-digits", "non-ascii-signature"],
+)
+def test_a_malformed_timestamp_or_signature_is_not_authentic_and_raises_nothing(
+    timestamp: str | None, signature: str | None
+) -> None:
+    settings = Settings(slack_signing_secret=SecretStr(SIGNING_SECRET))
+    body, headers = signed({"type": "x"})
+    sent_at = headers["x-slack-request-timestamp"] if timestamp is None else timestamp
+    assert not authentic(body, sent_at, signature or headers["x-slack-signature"], settings)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"view": "x"}, {"view": ["x"]}, {"user": "x"}, {"view": {"state": "x"}}, {"view": {"state": {"values": 1}}}],
+    ids=["view", "view-list", "user", "state", "values"],
+)
+def test_a_submission_of_an_unexpected_shape_is_a_value_error(changes: dict[str, Any]) -> None:
+    view = slack.modal(slack.ModalState(a="a-1", r=2, s=0, v="approve"), "x", None)
+    payload = submission(view, "U1", reason="fine")
+    for key, value in changes.items():
+        payload[key] = {**payload[key], **value} if isinstance(value, dict) else value
+    with pytest.raises(ValueError) as caught:
+        read_submission(payload, 1.0)
+    assert not isinstance(caught.value, NotOurs) and "is not an object" in str(caught.value)
 
 
 def test_policy_channels() -> None:

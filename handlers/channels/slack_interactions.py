@@ -59,8 +59,23 @@ def verifier(settings: Settings | None = None) -> SignatureVerifier | None:
 
 
 def authentic(body: str, timestamp: str, signature: str, settings: Settings | None = None) -> bool:
+    """Whether Slack signed `body` at `timestamp` (within its 5 minutes); the one check of both the
+    web route and `Approval.slack_decide`'s step."""
     check = verifier(settings)
-    return check is not None and check.is_valid(body=body, timestamp=timestamp, signature=signature)
+    if check is None:
+        return False
+    try:
+        return check.is_valid(body=body, timestamp=timestamp, signature=signature)
+    except (ValueError, OverflowError, TypeError):
+        # slack_sdk does `int(timestamp)` (ValueError when missing or not a number, OverflowError when
+        # too long for its float arithmetic) and compares the signature as text (TypeError when it is
+        # not ASCII). Anyone can send those: they are not authentic, and in the workflow's step an
+        # exception other than a refusal would be retried until the invocation pauses.
+        return False
+
+
+class NotOurs(ValueError):
+    """A well-formed interaction that is not a Countersign decision (another modal of the app)."""
 
 
 def payload_of(body: str) -> dict[str, Any]:
@@ -74,26 +89,38 @@ def payload_of(body: str) -> dict[str, Any]:
     return payload
 
 
-def _input(values: dict[str, Any], block: str, action: str) -> str:
-    return str(((values.get(block) or {}).get(action) or {}).get("value") or "")
+def field_at(payload: dict[str, Any], *path: str) -> Any:
+    """The value at `path` in a payload, None where a key is missing; ValueError (naming where) when
+    a step of the path is not an object: a signed payload is still anyone's JSON to Slack's shape."""
+    value: Any = payload
+    for depth, key in enumerate(path):
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ValueError(f"{'.'.join(path[:depth])} is not an object")
+        value = value.get(key)
+    return value
+
+
+def _input(payload: dict[str, Any], block: str, action: str) -> str:
+    return str(field_at(payload, "view", "state", "values", block, action, "value") or "")
 
 
 def submission(payload: dict[str, Any], now: float) -> SlackSubmission:
-    """What a modal submission decided; ValueError for one that is not ours or malformed."""
-    view = payload.get("view") or {}
-    if payload.get("type") != "view_submission" or view.get("callback_id") != slack.MODAL_CALLBACK:
-        raise ValueError("not a Countersign decision")
-    state = slack.ModalState.model_validate_json(view.get("private_metadata") or "{}")
-    values = (view.get("state") or {}).get("values") or {}
+    """What a modal submission decided; NotOurs for another modal, ValueError (or pydantic's
+    ValidationError) for one that is malformed."""
+    if payload.get("type") != "view_submission" or field_at(payload, "view", "callback_id") != slack.MODAL_CALLBACK:
+        raise NotOurs("not a Countersign decision")
+    state = slack.ModalState.model_validate_json(field_at(payload, "view", "private_metadata") or "{}")
     return SlackSubmission(
-        user=str((payload.get("user") or {}).get("id", "")),
-        view_id=str(view.get("id", "")),
+        user=str(field_at(payload, "user", "id") or ""),
+        view_id=str(field_at(payload, "view", "id") or ""),
         approval_id=state.a,
         round=state.r,
         slot=state.s,
         verdict=state.v,  # type: ignore[arg-type]  # validated by the model
-        reason=_input(values, slack.REASON_BLOCK, slack.REASON_INPUT).strip(),
-        confirm=_input(values, slack.CONFIRM_BLOCK, slack.CONFIRM_INPUT),
+        reason=_input(payload, slack.REASON_BLOCK, slack.REASON_INPUT).strip(),
+        confirm=_input(payload, slack.CONFIRM_BLOCK, slack.CONFIRM_INPUT),
         channel=state.ch,
         ts=state.ts,
         now=now,

@@ -1,7 +1,8 @@
 """`POST /slack/interactions`: Slack's button clicks and modal submissions, on the public listener.
 
 Guarantee: nothing is read from a request unless `slack_sdk`'s `SignatureVerifier` accepts its
-signature and timestamp under `SLACK_SIGNING_SECRET` (otherwise 401, nothing decided). A click on
+signature and timestamp under `SLACK_SIGNING_SECRET` (otherwise 401, nothing decided: a missing or
+malformed timestamp too); a signed payload of an unexpected shape is a 400 that says so. A click on
 Approve or Reject opens the confirmation modal (`views.open`); a modal submission is handed, raw and
 with its signature, to `Approval.slack_decide` under the ingress idempotency key
 `slack-decision/<view id>` and answered as soon as Restate has durably accepted it, without waiting
@@ -27,8 +28,10 @@ from handlers.channels import slack
 from handlers.channels.slack_interactions import (
     MAX_BODY,
     SIGNATURE_REFUSED,
+    NotOurs,
     SlackInteraction,
     authentic,
+    field_at,
     payload_of,
     submission,
 )
@@ -43,6 +46,10 @@ VIEWS_OPEN_TIMEOUT = 2
 
 def _answer(http_status: int, **body: Any) -> JSONResponse:
     return JSONResponse(body, status_code=http_status, headers={"Cache-Control": "no-store"})
+
+
+def _unreadable(what: str) -> JSONResponse:
+    return _answer(400, error=f"not a Slack interaction this service can read: {what}")
 
 
 def _field_error(block: str, message: str) -> JSONResponse:
@@ -83,8 +90,8 @@ class SlackInteractions:
         return _answer(200, status="ignored")
 
     async def _open_modal(self, payload: dict[str, Any]) -> Response:
-        actions = payload.get("actions") or [{}]
-        action = actions[0] if isinstance(actions[0], dict) else {}
+        actions = payload.get("actions")
+        action = actions[0] if isinstance(actions, list) and actions and isinstance(actions[0], dict) else {}
         verdicts = {slack.APPROVE_ACTION: "approve", slack.REJECT_ACTION: "reject"}
         if action.get("action_id") not in verdicts:
             return _answer(200, status="ignored")
@@ -92,17 +99,21 @@ class SlackInteractions:
             value = slack.ButtonValue.model_validate_json(str(action.get("value") or ""))
         except ValidationError:
             return _answer(400, error="not a Countersign button")
-        container = payload.get("container") or {}
+        try:
+            channel = field_at(payload, "container", "channel_id") or field_at(payload, "channel", "id")
+            message_ts = field_at(payload, "container", "message_ts")
+            summary = str(field_at(payload, "message", "text") or "this action")
+        except ValueError as exc:
+            return _unreadable(str(exc))
         state = slack.ModalState(
             a=value.a,
             r=value.r,
             s=value.s,
             v=verdicts[str(action["action_id"])],
-            ch=str(container.get("channel_id") or (payload.get("channel") or {}).get("id") or ""),
-            ts=str(container.get("message_ts") or ""),
+            ch=str(channel or ""),
+            ts=str(message_ts or ""),
             c=value.c,
         )
-        summary = str((payload.get("message") or {}).get("text") or "this action")
         token = self.settings.slack_bot_token
         if token is None:
             return _answer(503, error="Slack is not configured (SLACK_BOT_TOKEN is not set)")
@@ -125,8 +136,12 @@ class SlackInteractions:
     ) -> Response:
         try:
             decided = submission(payload, time.time())
-        except (ValueError, ValidationError):
+        except NotOurs:
             return _answer(200, status="ignored")
+        except ValidationError:
+            return _unreadable("its private_metadata is not a Countersign decision")
+        except ValueError as exc:
+            return _unreadable(str(exc))
         if decided.verdict == "reject" and not decided.reason:
             return _field_error(slack.REASON_BLOCK, "A reason is required to reject.")
         interaction = SlackInteraction(body=body, timestamp=timestamp, signature=signature)
