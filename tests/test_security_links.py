@@ -1,7 +1,8 @@
 """Unit tests of the link tokens: the tamper matrix, tenant subkeys, rotation, CSRF, and fuzzing.
 
-A token is `v1.<kid>.<b64(run~index~slot~round~exp)>.<b64(tag)>`; its tag also covers the record
-(tenant, approval, approver, round nonce, digest). Every change to either must be refused.
+A token is `v1.<kid>.<b64(run~index~slot~round~exp)>.<b64(seal + binding)>`: the seal covers the
+token alone (so a page can tell a link of ours before its record exists), the binding also covers
+the record (tenant, approval, approver, round nonce, digest). Every change to either must be refused.
 """
 
 from __future__ import annotations
@@ -57,8 +58,11 @@ def refused(token: str, rec: ApprovalRecord | None = None, keys: dict[str, bytes
 TOKEN = links.mint(record(), 1, KEYS, "k1")
 
 
-def test_the_tag_is_hmac_sha256_under_the_tenant_subkey_over_token_and_record() -> None:
-    subkey = hmac.new(SECRET_1, b"countersign.tenant-key.v1\x00acme", hashlib.sha256).digest()
+def binding(secret: bytes = SECRET_1) -> bytes:
+    """TOKEN's binding to its record, computed here from its definition: HMAC-SHA256 under the tenant
+    subkey over the canonical JSON of the token's fields and the record's."""
+    subkey = hmac.new(secret, b"countersign.tenant-key.v1\x00acme", hashlib.sha256).digest()
+    assert links.tenant_key(secret, "acme") == subkey
     message = {
         "v": "v1",
         "kid": "k1",
@@ -74,11 +78,43 @@ def test_the_tag_is_hmac_sha256_under_the_tenant_subkey_over_token_and_record() 
         "exp": 2000,
     }
     canonical = json.dumps(message, sort_keys=True, separators=(",", ":")).encode()
-    expected = hmac.new(subkey, b"countersign.approval-link.v1\x00" + canonical, hashlib.sha256).digest()
-    assert links.tenant_key(SECRET_1, "acme") == subkey
-    assert f"v1.k1.{b64(b'run-1~2~1~1~2000')}.{b64(expected)}" == TOKEN
+    return hmac.new(subkey, b"countersign.approval-link.v1\x00" + canonical, hashlib.sha256).digest()
+
+
+def test_the_tag_is_a_seal_of_the_token_then_a_binding_to_the_record_under_the_tenant_subkey() -> None:
+    head = f"v1.k1.{b64(b'run-1~2~1~1~2000')}"
+    seal = hmac.new(SECRET_1, b"countersign.approval-link-seal.v1\x00" + head.encode(), hashlib.sha256).digest()
+    assert f"{head}.{b64(seal[:16] + binding()[:16])}" == TOKEN
     assert links.check(TOKEN, record(), KEYS, NOW)[1] == "valid"
     assert "@" not in TOKEN and "acme" not in TOKEN and "d" * 12 not in TOKEN, "no personal data, no record values"
+
+
+def test_a_token_is_sealed_by_our_keys_whatever_its_record() -> None:
+    """What a page can tell before the record is saved: this token was made with one of our keys."""
+    assert links.sealed(TOKEN, KEYS) and links.sealed(TOKEN, {"k1": SECRET_1})
+    assert links.sealed(links.mint(record(tenant="globex", digest="e" * 64), 1, KEYS, "k0"), KEYS)
+    version, kid, body, tag = TOKEN.split(".")
+    assert not links.sealed(TOKEN, {"k1": SECRET_0}), "same kid, other secret"
+    assert not links.sealed(TOKEN, {"k0": SECRET_0}), "its key removed"
+    assert not links.sealed(".".join([version, kid, body, b64(b"\x00" * 16 + unb64(tag)[16:])]), KEYS)
+    assert not links.sealed(with_body(TOKEN, index=3), KEYS), "its fields changed"
+    assert not links.sealed(".".join([version, "k0", body, tag]), KEYS), "another key's id"
+    assert not links.sealed("v1.k1.cnVuLTF-Mn4xfjF-MjAwMA." + "A" * 43, KEYS)
+    assert not links.sealed("garbage", KEYS) and not links.sealed("", KEYS)
+    assert refused(".".join([version, kid, body, b64(unb64(tag)[:16] + b"\x00" * 16)])), "a seal alone decides nothing"
+
+
+def test_a_link_minted_before_seals_is_still_valid_but_not_sealed() -> None:
+    """Links already in inboxes carry the whole binding as their tag: still valid against their record
+    (their approvals may wait for days), but not sealed, so they get no wait for a missing record."""
+    version, kid, body, _ = TOKEN.split(".")
+    older = ".".join([version, kid, body, b64(binding())])
+    assert links.check(older, record(), KEYS, NOW)[1] == "valid"
+    assert refused(older, record(digest="e" * 64)) and refused(older, record(tenant="globex"))
+    assert refused(older, record(), {"k1": SECRET_0}) and refused(
+        ".".join([version, kid, body, b64(binding(SECRET_0))])
+    )
+    assert not links.sealed(older, KEYS)
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,14 @@
 """Signed approval-link tokens.
 
 Guarantee: a token names only where to look (run, action index, approver slot, round, expiry) and
-carries no personal data; its HMAC-SHA256 tag covers those fields *and* the server-side record
-(tenant, approval id, approver, round nonce, action digest), so a token is valid only for the exact
-frozen action, person and round it was minted for. Tags are compared in constant time. The MAC key is
-a per-tenant subkey derived from the key id's secret, so a token made for one tenant is refused for
-every other, and a component given one tenant's subkey cannot mint links for another.
+carries no personal data. Its tag is two HMAC-SHA256 values of 128 bits each: a seal over the token's
+own fields under the key id's secret, which tells without any lookup that one of our keys made the
+link (`sealed`: a page waits for a record not saved yet only for such a link), and a binding over
+those fields *and* the server-side record (tenant, approval id, approver, round nonce, action digest),
+so a token is valid (`check`: both halves) only for the exact frozen action, person and round it was
+minted for. Tags are compared in constant time. The binding's MAC key is a per-tenant subkey derived
+from the key id's secret, so a token made for one tenant is refused for every other, and a component
+given one tenant's subkey cannot mint links (the seal needs the secret itself).
 
 Why not itsdangerous: it signs only what the token carries. Binding the digest, tenant and approver
 without putting them (or personal data) in the URL needs the record's values in the MAC input; and
@@ -31,6 +34,8 @@ _DOMAIN = b"countersign.approval-link.v1\x00"
 _CSRF_DOMAIN = b"countersign.csrf.v1\x00"
 _TENANT_DOMAIN = b"countersign.tenant-key.v1\x00"
 _INBOX_DOMAIN = b"countersign.inbox.v1\x00"
+_SEAL_DOMAIN = b"countersign.approval-link-seal.v1\x00"
+_HALF = 16
 INBOX_LINK_DAYS = 30
 _MAX_TOKEN = 400
 _KID = re.compile(r"^[A-Za-z0-9]{1,16}$")
@@ -68,7 +73,8 @@ def approval_id(run_id: str, index: int) -> str:
 def mint(record: ApprovalRecord, slot: int, keys: dict[str, bytes], kid: str) -> str:
     claims = LinkClaims(kid, record.run_id, record.index, slot, record.round, expiry(record))
     body = f"{claims.run_id}~{claims.index}~{claims.slot}~{claims.round}~{claims.exp}".encode()
-    return f"{VERSION}.{kid}.{_b64(body)}.{_b64(_tag(claims, record, keys[kid]))}"
+    head = f"{VERSION}.{kid}.{_b64(body)}"
+    return f"{head}.{_b64(_seal(head, keys[kid]) + _tag(claims, record, keys[kid])[:_HALF])}"
 
 
 def expiry(record: ApprovalRecord) -> int:
@@ -116,13 +122,31 @@ def check(token: str, record: ApprovalRecord, keys: dict[str, bytes], now: float
         raise invalid
     if not 1 <= claims.round <= record.round:
         raise invalid
-    if not hmac.compare_digest(_unb64(token.split(".")[3]), _tag(claims, record, key)):
+    head, _, tag = token.rpartition(".")
+    bound = _tag(claims, record, key)
+    # A link minted before tags were sealed carries the whole binding instead: it stays valid (its
+    # approval may be waiting for days), it only gets no setup wait (its record was saved long ago).
+    if not (
+        hmac.compare_digest(_unb64(tag), _seal(head, key) + bound[:_HALF]) or hmac.compare_digest(_unb64(tag), bound)
+    ):
         raise invalid
     if claims.round < record.round:
         return claims, "replaced"
     if claims.exp != expiry(record) or claims.slot not in record.active_slots:
         raise invalid
     return claims, "expired" if now >= expiry(record) else "valid"
+
+
+def sealed(token: str, keys: dict[str, bytes]) -> bool:
+    """Whether one of `keys` made this token, told from the token alone (its seal), without the record
+    `check` needs: whether it fits a record (and is still valid) is `check`'s to say."""
+    try:
+        claims = parse(token)
+    except LinkInvalid:
+        return False
+    key = keys.get(claims.kid)
+    head, _, tag = token.rpartition(".")
+    return key is not None and hmac.compare_digest(_unb64(tag)[:_HALF], _seal(head, key))
 
 
 @dataclass(frozen=True)
@@ -192,6 +216,11 @@ def token_fingerprint(token: str) -> str:
 def tenant_key(secret: bytes, tenant: str) -> bytes:
     """The tenant's own MAC key: HMAC-SHA256(secret, domain | tenant)."""
     return hmac.new(secret, _TENANT_DOMAIN + tenant.encode(), hashlib.sha256).digest()
+
+
+def _seal(head: str, secret: bytes) -> bytes:
+    """The tag's first half: `version.kid.body` under the key id's secret (no record, no tenant)."""
+    return hmac.new(secret, _SEAL_DOMAIN + head.encode(), hashlib.sha256).digest()[:_HALF]
 
 
 def _tag(claims: LinkClaims, record: ApprovalRecord, secret: bytes) -> bytes:
