@@ -155,9 +155,9 @@ def test_a_link_that_is_not_authentic_records_no_view_and_the_page_says_not_vali
 def test_the_setup_wait_records_nothing_and_says_try_again(
     app_server: AppServer, ingress: Ingress, run_id: str
 ) -> None:
-    """A link to an approval whose workflow has not saved its record: the page waits, then 503."""
+    """A link of ours to an approval whose workflow has not saved its record: the page waits, then 503."""
     unsaved = _unsaved(run_id)
-    token = links.mint(unsaved, 0, {"k1": b"y" * 32}, "k1")
+    token = links.mint(unsaved, 0, deployment_keys(app_server), "k1")
     for method in ("GET", "HEAD"):
         page = httpx.request(method, f"{app_server.url}/approvals/{token}", timeout=30)
         assert page.status_code == 503, (method, page.status_code)
@@ -250,6 +250,35 @@ def test_a_post_before_the_record_is_saved_waits_for_it_and_says_try_again(
         timeout=30,
     )
     assert reply.status_code == 503 and "still being set up" in reply.text, reply.text
+    assert audit_entries(ingress, unsaved.approval_id) == []
+
+
+def test_a_forged_link_to_an_approval_not_saved_is_refused_at_once(
+    app_server: AppServer, ingress: Ingress, restate_server: RestateServer, run_id: str
+) -> None:
+    """A well-formed token that the deployment's keys did not seal, for an approval with no record:
+    no setup wait (about 3 s per request, an amplification that needs no secret), but the page's 403
+    after the one `Approval` call any link costs (the read, or for a POST `submit`), and no polling."""
+    unsaved = _unsaved(run_id)
+    keys = deployment_keys(app_server)
+    forged = links.mint(unsaved, 0, {"k1": b"not the deployment's key, 32 bytes"}, "k1")
+    url = f"{app_server.url}/approvals/{forged}"
+    # A CSRF value that fits the forged link (made here with the deployment's key), so that the POST
+    # reaches `submit` and only the link itself is left to refuse.
+    form = {"csrf": links.csrf_token(forged, keys, "k1"), "verdict": "approve"}
+    with httpx.Client(timeout=30, trust_env=False) as client:
+        for method in ("GET", "HEAD", "POST"):
+            before = approval_requests(restate_server)
+            started = time.monotonic()
+            if method == "POST":
+                reply = client.post(url, data=form, headers={"Origin": app_server.url})
+            else:
+                reply = client.request(method, url)
+            took = time.monotonic() - started
+            calls = approval_requests(restate_server) - before
+            assert (reply.status_code, calls) == (403, 1), (method, reply.status_code, calls)
+            assert took < 1.0, (method, took)
+            assert method == "HEAD" or "Link not valid" in reply.text, reply.text
     assert audit_entries(ingress, unsaved.approval_id) == []
 
 

@@ -4,6 +4,8 @@ Guarantee: GET and HEAD never change decision state, whoever sends them; a POST 
 valid link, a CSRF value bound to that link, a same-origin request and an explicit verdict. The page
 checks the origin, the CSRF value and the form before any call, then hands a single approval's POST to
 `Approval.submit` (which verifies the link itself and decides with `decide`'s rules), one invocation.
+A link whose approval has no record yet waits for it (bounded) only if it carries our keys' seal; any
+other is refused at once as not valid, so a forged link cannot hold a request open.
 Every failure is a 4xx/503 page that says what happened; no stack trace, no token, ever reaches a response or a log.
 """
 
@@ -38,7 +40,7 @@ log = logging.getLogger("countersign.pages")
 _MAX_FORM_FIELDS = 60
 _MAX_FORM_BYTES = 64 * 1024
 # How long a page waits for an approval whose email is out but whose workflow has not saved it yet
-# (milliseconds, normally); then it answers 503 "still being set up".
+# (milliseconds, normally); then it answers 503 "still being set up". Only a sealed link waits.
 _SETUP_WAIT_SECONDS = 3.0
 
 StatusCall = Callable[[str], Awaitable[RunStatus]]
@@ -156,10 +158,12 @@ class ApprovalPages:
             return _not_decided(exc)
         if submitted.takeover == "unknown":
             # Not saved yet: wait for the record with reads, as a GET does (503 or 410 if it does not
-            # come), then submit again; under a key of its own, since Restate keeps the first answer
-            # for the first key.
+            # come; 403 at once if our keys did not seal the link), then submit again; under a key of
+            # its own, since Restate keeps the first answer for the first key.
+            sealed = links.sealed(token, self.settings.approvals_signing_keys)
             try:
-                await _approval_status(runs.status, wanted, claims.exp)
+                _may_wait_for_record(sealed, claims.exp)  # refused before any read, as a GET is after one
+                await _approval_status(runs.status, wanted, claims.exp, sealed)
             except LinkInvalid as exc:
                 return _link_notice(exc)
             except RunCallFailed as exc:
@@ -224,7 +228,8 @@ class ApprovalPages:
         checked against it; or the page that says why not."""
         try:
             claims = links.parse(token)
-            loaded = await self._load(runs, main, claims.run_id, claims.index, claims.exp)
+            sealed = links.sealed(token, self.settings.approvals_signing_keys)
+            loaded = await self._load(runs, main, claims, sealed)
             if loaded is None:
                 raise LinkInvalid("This link is not valid.")
             status, record = loaded
@@ -248,16 +253,17 @@ class ApprovalPages:
 
     @staticmethod
     async def _load(
-        runs: RunsClient, main: StatusCall, run_id: str, index: int, expires: int
+        runs: RunsClient, main: StatusCall, claims: links.LinkClaims, sealed: bool
     ) -> tuple[RunStatus, ApprovalRecord] | None:
         """The approval the link points to, from its own workflow (read with `main`); for a batch,
-        with the other items of the batch beside it (each in its own workflow, read with `status`)."""
-        wanted = links.approval_id(run_id, index)
-        status = await _approval_status(main, wanted, expires)
+        with the other items of the batch beside it (each in its own workflow, read with `status`).
+        `sealed`: whether the link may wait for a record not saved yet (see `_approval_status`)."""
+        wanted = links.approval_id(claims.run_id, claims.index)
+        status = await _approval_status(main, wanted, claims.exp, sealed)
         record = next((r for r in status.approvals if r.approval_id == wanted), None)
         if record is None:
             return None
-        return await _with_batch(runs, status, record, run_id, index, expires), record
+        return await _with_batch(runs, status, record, claims, sealed), record
 
     def _decided(
         self,
@@ -309,19 +315,31 @@ class ApprovalPages:
 
 
 async def _with_batch(
-    runs: RunsClient, status: RunStatus, record: ApprovalRecord, run_id: str, index: int, expires: int
+    runs: RunsClient, status: RunStatus, record: ApprovalRecord, claims: links.LinkClaims, sealed: bool
 ) -> RunStatus:
-    """`status` (of the approval at `index`, `record`) with the other items of its batch beside it,
-    each read from its own workflow."""
+    """`status` (of the approval the link names, `record`) with the other items of its batch beside
+    it, each read from its own workflow."""
     if not record.batch:
         return status
     approvals, history = list(status.approvals), list(status.history)
     for other in record.batch:
-        if other != index:
-            item = await _approval_status(runs.status, links.approval_id(run_id, other), expires)
+        if other != claims.index:
+            item = await _approval_status(runs.status, links.approval_id(claims.run_id, other), claims.exp, sealed)
             approvals += item.approvals
             history += item.history
     return status.model_copy(update={"approvals": approvals, "history": history})
+
+
+def _may_wait_for_record(sealed: bool, expires: int) -> None:
+    """Raises LinkInvalid unless a link whose approval has no record may wait for it: only a link our
+    keys sealed (anyone can write a well-formed token, and each one held open for seconds would be
+    an amplification that needs no secret), and only within the expiry it claims."""
+    if not sealed:
+        raise LinkInvalid("This link is not valid.")
+    if time.time() >= expires:
+        # Past the expiry it claims, a link decides nothing whatever it is: say so, as for a
+        # known approval (its workflow may still be starting after a crash of the handler).
+        raise LinkInvalid("This link has expired.", status=410)
 
 
 def _link_notice(exc: LinkInvalid) -> Response:
@@ -336,23 +354,20 @@ def _not_decided(exc: RunCallFailed) -> Response:
     return notice(exc.status, "Not decided", exc.message)
 
 
-async def _approval_status(call: StatusCall, approval_id: str, expires: int) -> RunStatus:
+async def _approval_status(call: StatusCall, approval_id: str, expires: int, sealed: bool) -> RunStatus:
     """An approval's status. The request email goes out from the caller's journal just before the
     approval's own workflow has saved its record, so a link still within its validity may meet an
-    approval that is not there yet: the page waits for it a little (a read, polled with a deadline;
-    a GET's `viewed` records nothing while the record is missing), then says "try again" (nothing
-    can be verified, nothing is decided), or "expired" once the link's expiry has passed, never
-    "invalid"."""
+    approval that is not there yet: if the link is `sealed` (made with our keys), the page waits
+    for it a little (a read, polled with a deadline; a GET's `viewed` records nothing while the
+    record is missing), then says "try again" (nothing decided), or "expired" once the link's expiry
+    has passed. Any other link is "invalid" after the first read."""
     deadline = time.monotonic() + _SETUP_WAIT_SECONDS
     pause = 0.02
     while True:
         status = await call(approval_id)
         if status.phase != "unknown":
             return status
-        if time.time() >= expires:
-            # Past the expiry it claims, a link decides nothing whatever it is: say so, as for a
-            # known approval (its workflow may still be starting after a crash of the handler).
-            raise LinkInvalid("This link has expired.", status=410)
+        _may_wait_for_record(sealed, expires)
         if time.monotonic() + pause > deadline:
             raise RunCallFailed(503, "This approval is still being set up. Please try again in a minute.")
         await asyncio.sleep(pause)
