@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.approver import approval_emails, form_csrf, submit, wait_for_email
+from support.approver import approval_emails, form_csrf, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, StackFactory, wait_until
 from test_operations import cli
 
 from handlers.objects.audit import AuditLog, verify
+from handlers.security import links
 
 USER_MODULE = '''
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import restate
 from pydantic import BaseModel
 
-from handlers import gated_call, request_approval
+from handlers import gated_call, request_approval, request_plan_approval
 
 
 class Ask(BaseModel):
@@ -73,7 +74,24 @@ async def twice(ctx: restate.Context, ask: Ask) -> list[dict[str, Any]]:
     return [first.model_dump(mode="json"), second.model_dump(mode="json")]
 
 
-served = [desk, checker]
+raw = restate.Service("RawGate")
+
+
+@raw.handler()
+async def call(ctx: restate.Context, ask: dict[str, Any]) -> dict[str, Any]:
+    """The gate's calls with what a typed input would have refused: any `run_id`, `index` or `args`."""
+    placed = {"run_id": ask.get("run_id"), "index": ask.get("index")}
+    times = ask.get("repeat", 1)  # long texts made here, not sent: the ingress carries a short request
+    who = {"requester": "alice@example.com", "why": ask.get("why", "") * times, "goal": ask.get("goal", "") * times}
+    if ask["call"] == "plan":
+        plan = await request_plan_approval(ctx, plan=ask["plan"], **placed, **who)
+        return plan.model_dump(mode="json")
+    gate = gated_call if ask["call"] == "gated_call" else request_approval
+    outcome = await gate(ctx, tool=ask["tool"], args=ask["args"], **placed, **who)
+    return outcome.model_dump(mode="json")
+
+
+served = [desk, checker, raw]
 '''
 
 
@@ -100,6 +118,11 @@ def stack(isolated_stack: StackFactory, project: Path) -> Iterator[IsolatedStack
 
 def refund(order: int, amount: str) -> dict[str, Any]:
     return {"order_id": order, "amount_usd": amount, "reason": "damaged in transit"}
+
+
+def raw_call(call: str, run_id: str, index: int | None = None, **rest: Any) -> dict[str, Any]:
+    """The input of `RawGate.call`: `call` is request_approval, gated_call or plan."""
+    return {"call": call, "run_id": run_id, "index": index, **rest}
 
 
 def test_a_virtual_object_gates_a_refund_and_the_approved_one_runs_once(stack: IsolatedStack) -> None:
@@ -241,6 +264,40 @@ def test_bad_input_to_the_gate_is_a_clear_answer_not_a_stuck_invocation(stack: I
     bad_run = stack.ingress.send("RefundCheck", None, "ask", {"run_id": "no spaces", "tool": "nope", "args": {}})
     failed = stack.ingress.wait_invocation(bad_run)
     assert failed.status_code == 400 and "run_id" in failed.json()["message"]
+
+
+def test_a_placement_no_link_can_carry_is_a_400_before_anything_is_sent(stack: IsolatedStack) -> None:
+    """An approval link carries an index of at most 12 digits (and the run id's pattern): an approval
+    placed beyond them would email a link that the page and the ingress refuse as malformed, so it
+    could only expire. Every call that places one, the plan's too, refuses it first."""
+    args = refund(new_order(stack.db_path, 90000), "700.00")
+    plan = {"steps": [{"tool": "issue_refund", "at_most": {"amount_usd": "700.00"}}]}
+    refund_at: dict[str, Any] = {"tool": "issue_refund", "args": args}
+    beyond = [
+        (raw_call("request_approval", "far-1", 10**20, **refund_at), "index"),
+        (raw_call("gated_call", "far-2", links.MAX_INDEX + 1, **refund_at), "index"),
+        (raw_call("plan", "far-3", 10**20, plan=plan), "index"),
+        (raw_call("request_approval", "f" * (links.MAX_RUN_ID + 1), **refund_at), "run_id"),
+        (raw_call("plan", "far 5", plan=plan), "run_id"),
+    ]
+    said = []
+    for ask, named in beyond:
+        refused = stack.ingress.wait_invocation(stack.ingress.send("RawGate", None, "call", ask))
+        assert refused.status_code == 400, (ask, refused.text)
+        said.append(refused.json()["message"])
+        assert said[-1].startswith(named), said[-1]
+    assert f"index must be from 0 to {links.MAX_INDEX}" in said[0]
+    statuses = {row["status"] for row in stack.restate.invocation_statuses("RawGate")}
+    assert statuses == {"completed"}, "each ended at once, none backing off"
+    assert not list(stack.outbox_dir.glob("*far*")), "nobody was asked"
+    assert stack.ingress.call("Approval", "far-1-a100000000000000000000", "status", None).json()["phase"] == "unknown"
+    # The highest index a link carries is asked, and its link opens the page.
+    top = raw_call("request_approval", "far-6", links.MAX_INDEX, **refund_at)
+    invocation = stack.ingress.send("RawGate", None, "call", top)
+    [mail] = wait_for_email(stack.outbox_dir, "far-6")
+    assert open_page(mail.link).status_code == 200
+    stack.ingress.call("Approval", f"far-6-a{links.MAX_INDEX}", "cancel", {"reason": "done"})
+    assert stack.ingress.wait_invocation(invocation).json()["verdict"] == "cancelled"
 
 
 def test_a_cancel_for_an_id_nobody_asked_holds_nothing(stack: IsolatedStack) -> None:

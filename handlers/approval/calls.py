@@ -161,8 +161,9 @@ def _where(ctx: restate.Context, run_id: str | None, index: int | None) -> tuple
         index = _CALLS.get(ctx, 0)
         _CALLS[ctx] = index + 1
     run_id = run_id or ctx.request().id
-    if not links.RUN_ID.match(run_id) or index < 0:
-        raise TerminalError("run_id must be 1-128 characters of A-Z a-z 0-9 . _ : - and index >= 0", 400)
+    # Refused before anything is sent: an approval whose link the pages refuse could only expire.
+    if (problem := links.placement_problem(run_id, index)) is not None:
+        raise TerminalError(problem, 400)
     return run_id, index
 
 

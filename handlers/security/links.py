@@ -40,10 +40,15 @@ INBOX_LINK_DAYS = 30
 _MAX_TOKEN = 400
 _KID = re.compile(r"^[A-Za-z0-9]{1,16}$")
 _B64 = re.compile(r"^[A-Za-z0-9_-]+$")
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+MAX_RUN_ID = 128
+RUN_ID = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._:-]{{0,{MAX_RUN_ID - 1}}}$")
+_DIGITS = 12
+"""The most digits of a number a link carries (index, slot, round, expiry)."""
+MAX_INDEX = 10**_DIGITS - 1
+"""The highest action index a link can carry: an approval placed higher could never be decided."""
 # One spelling per number: without this `~00~` and `~0~` carry the same claims (and so the same tag),
 # giving one approval several valid token strings (and idempotency keys, and audit handles).
-_CANONICAL_INT = re.compile(r"0|[1-9][0-9]{0,11}")
+_CANONICAL_INT = re.compile(rf"0|[1-9][0-9]{{0,{_DIGITS - 1}}}")
 _CANONICAL_MILLIS = re.compile(r"0|[1-9][0-9]{0,15}")
 
 
@@ -64,6 +69,19 @@ class LinkClaims:
     slot: int
     round: int
     exp: int
+
+
+def placement_problem(run_id: object, index: object) -> str | None:
+    """Why a link could not carry this run id and action index (None: it can). Asked before an
+    approval is placed, since a link that `parse` refuses can never decide it."""
+    if not isinstance(run_id, str) or not RUN_ID.match(run_id):
+        shown = repr(run_id[:80]) if isinstance(run_id, str) else type(run_id).__name__
+        return f"run_id {shown} must be 1-{MAX_RUN_ID} characters of A-Z a-z 0-9 . _ : -, the first a letter or digit"
+    if isinstance(index, bool) or not isinstance(index, int):
+        return f"index must be a whole number, not {type(index).__name__}"
+    if not 0 <= index <= MAX_INDEX:  # not echoed: a huge int may not even convert to text
+        return f"index must be from 0 to {MAX_INDEX}: an approval link carries no more"
+    return None
 
 
 def approval_id(run_id: str, index: int) -> str:
