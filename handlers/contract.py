@@ -20,6 +20,10 @@ EMAIL_PATTERN = r"^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9.-]{1,190}\.[A-Za-z]{2,24}$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 MAX_TOOL_ARGS_BYTES = 64 * 1024
 """The most one tool call's arguments may weigh as JSON (the demo tools' largest valid call is ~5 KB)."""
+MAX_WHY = 2000
+"""The longest `why` of a call or plan, in characters (what the approver reads as the reason for it)."""
+MAX_GOAL = 4000
+"""The longest `goal` of a run, in characters."""
 
 
 def args_size(args: dict[str, Any]) -> int:
@@ -69,7 +73,7 @@ class StopReason(BaseModel):
 class ScriptStep(Strict):
     tool: str = Field(min_length=1, max_length=64)
     args: dict[str, Any] = Field(default_factory=dict)
-    why: str = Field(default="", max_length=2000)
+    why: str = Field(default="", max_length=MAX_WHY)
     if_rejected: ScriptStep | None = Field(default=None, description="proposed next if this call is rejected")
     also: list[ScriptStep] = Field(default_factory=list, max_length=10, description="proposed in the same turn")
     confidence: float | None = Field(default=None, ge=0, le=1, description="the confidence the model reports")
@@ -99,7 +103,7 @@ class PlanStep(Strict):
     one_of: dict[str, list[Any]] = Field(default_factory=dict, max_length=10)
     at_most: dict[str, Decimal] = Field(default_factory=dict, max_length=10)
     calls: int = Field(default=1, ge=1, le=100)
-    why: str = Field(default="", max_length=2000)
+    why: str = Field(default="", max_length=MAX_WHY)
 
     @field_validator("at_most")
     @classmethod
@@ -115,7 +119,7 @@ class Plan(Strict):
 
     steps: list[PlanStep] = Field(min_length=1, max_length=50)
     max_calls: int | None = Field(default=None, ge=1, le=500)
-    why: str = Field(default="", max_length=2000)
+    why: str = Field(default="", max_length=MAX_WHY)
 
     @model_validator(mode="after")
     def _bounded(self) -> Plan:
@@ -152,7 +156,7 @@ class PlanOptions(Strict):
 class AgentTask(Strict):
     """Input of `AgentRun.run`."""
 
-    goal: str = Field(min_length=1, max_length=4000)
+    goal: str = Field(min_length=1, max_length=MAX_GOAL)
     requester: str = Field(pattern=EMAIL_PATTERN)
     tenant: str = Field(default="default", pattern=NAME_PATTERN)
     model: str | None = Field(default=None, max_length=120)

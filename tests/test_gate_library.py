@@ -18,6 +18,7 @@ from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, StackFactory, wait_until
 from test_operations import cli
 
+from handlers.contract import MAX_GOAL, MAX_WHY
 from handlers.objects.audit import AuditLog, verify
 from handlers.security import links
 
@@ -298,6 +299,47 @@ def test_a_placement_no_link_can_carry_is_a_400_before_anything_is_sent(stack: I
     assert open_page(mail.link).status_code == 200
     stack.ingress.call("Approval", f"far-6-a{links.MAX_INDEX}", "cancel", {"reason": "done"})
     assert stack.ingress.wait_invocation(invocation).json()["verdict"] == "cancelled"
+
+
+def test_a_long_why_and_goal_are_cut_to_the_contracts_bounds(stack: IsolatedStack) -> None:
+    """An agent's task bounds its goal at 4,000 characters and a step's why at 2,000: a library
+    caller's are cut to the same, marked, so 1 MB of each is not stored, shown and audited whole."""
+    args = refund(new_order(stack.db_path, 90000), "700.00")
+    plan = {"steps": [{"tool": "issue_refund", "at_most": {"amount_usd": "700.00"}}]}
+    long: dict[str, Any] = {
+        "why": "because ",
+        "goal": "refund it ",
+        "repeat": 2**17,
+    }  # each about 1 MB, made by the handler
+    asks = {
+        "long-1": raw_call("request_approval", "long-1", tool="issue_refund", args=args, **long),
+        "long-2": raw_call("gated_call", "long-2", tool="issue_refund", args=args, **long),
+        "long-3": raw_call("plan", "long-3", plan=plan, **long),
+    }
+    for run, ask in asks.items():
+        invocation = stack.ingress.send("RawGate", None, "call", ask)
+        wait_for_email(stack.outbox_dir, run)
+        status = saved_status(stack, f"{run}-a0")
+        [record] = status["approvals"]
+        assert len(record["why"]) == MAX_WHY and record["why"].endswith("because…"), run
+        assert len(status["goal"]) == MAX_GOAL and status["goal"].startswith("refund it refund it"), run
+        [requested] = [e for e in audit_log(stack, f"{run}-a0").entries if e.kind == "requested"]
+        assert requested.details["why"] == record["why"]
+        stack.ingress.call("Approval", f"{run}-a0", "cancel", {"reason": "done"})
+        assert stack.ingress.wait_invocation(invocation).status_code == 200
+    not_text = raw_call("request_approval", "long-4", tool="issue_refund", args=args, why=["a", "list"])
+    refused = stack.ingress.wait_invocation(stack.ingress.send("RawGate", None, "call", not_text))
+    assert refused.status_code == 400 and refused.json()["message"] == "why must be text, not list"
+
+
+def saved_status(stack: IsolatedStack, approval_id: str) -> dict[str, Any]:
+    """The approval's status once its workflow has saved the record (the email may come first)."""
+
+    def saved() -> dict[str, Any] | None:
+        status: dict[str, Any] = stack.ingress.call("Approval", approval_id, "status", None).json()
+        return status if status["approvals"] else None
+
+    return wait_until(saved, 20, f"{approval_id}'s record")
 
 
 def test_a_cancel_for_an_id_nobody_asked_holds_nothing(stack: IsolatedStack) -> None:

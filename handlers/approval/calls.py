@@ -34,6 +34,8 @@ from handlers.approval.workflow import run as approval_run
 from handlers.compact import Compact
 from handlers.contract import (
     EMAIL_PATTERN,
+    MAX_GOAL,
+    MAX_WHY,
     NAME_PATTERN,
     ActionRecord,
     DecisionSource,
@@ -174,6 +176,21 @@ def _check_people(requester: str, tenant: str) -> None:
         raise TerminalError(f"tenant {tenant[:80]!r} must match {NAME_PATTERN}", 400)
 
 
+def _described(why: object, goal: object) -> tuple[str, str]:
+    """`why` and `goal` as they are stored and shown: text (None is none), each cut to the contract's
+    bound (`MAX_WHY`, `MAX_GOAL`, as an agent's task and script take them), the cut marked with "…".
+    Cut, not refused: they tell the approver about the call but are never what is approved (the
+    digest binds the arguments), and they are often the model's own words or a run's whole prompt,
+    whose length should not fail the action. Anything but text is a terminal 400."""
+    described = []
+    for name, text, limit in (("why", why, MAX_WHY), ("goal", goal, MAX_GOAL)):
+        if text is not None and not isinstance(text, str):
+            raise TerminalError(f"{name} must be text, not {type(text).__name__}", 400)
+        text = text or ""
+        described.append(text if len(text) <= limit else text[: limit - 1] + "…")
+    return described[0], described[1]
+
+
 async def _open(
     ctx: restate.Context,
     tool: str | Tool,
@@ -302,7 +319,10 @@ async def request_approval(
 
     Checkpoints: `confidence` is what the model reported in this call (0..1; None: not reported) and
     `results` the earlier results of the same run (tool name -> result, or the earlier ActionRecords,
-    whose latest result per tool counts), for a policy's `gate_below_confidence` and `checks`."""
+    whose latest result per tool counts), for a policy's `gate_below_confidence` and `checks`.
+
+    `why` and `goal` are cut to 2,000 and 4,000 characters (`MAX_WHY`, `MAX_GOAL`)."""
+    why, goal = _described(why, goal)
     where, at, name, asked = await _open(ctx, tool, args, requester, tenant, run_id, index, confidence, results)
     base = ApprovalOutcome(verdict=Outcome.INVALID, run_id=where, index=at, proposed_args=asked.args or dict(args))
     if asked.error is not None:
@@ -351,7 +371,9 @@ async def gated_call(
     it or its tool needs a quorum or is high stakes for these arguments (then it is asked on its own,
     as without a plan, and not counted); a gated call outside it is a
     deviation, asked again (the email and page say how it deviates) or refused, as the plan says.
-    `confidence` and `results` feed the policy's checkpoints, as for `request_approval`."""
+    `confidence` and `results` feed the policy's checkpoints, and `why` and `goal` are cut, as for
+    `request_approval`."""
+    why, goal = _described(why, goal)
     # Under a plan a gated call may run at once (inside it): its facts are read only if it is asked.
     where, at, name, asked = await _open(
         ctx, tool, args, requester, tenant, run_id, index, confidence, results, facts=plan is None
@@ -406,7 +428,9 @@ async def request_plan_approval(
     bounds) once, and wait for the decision; the approver may drop steps or lower bounds and counts.
     Pass the result to `gated_call(plan=...)`: calls inside it then run without a new approval, and
     a gated call outside it is asked again or refused, as `on_deviation` (else each tool's
-    `plan.on_deviation`, else `ask`) says. Placed as `request_approval` places an approval."""
+    `plan.on_deviation`, else `ask`) says. Placed as `request_approval` places an approval, and `why`
+    and `goal` cut as there."""
+    why, goal = _described(why, goal)
     _check_people(requester, tenant)
     where, at = _where(ctx, run_id, index)
     facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")

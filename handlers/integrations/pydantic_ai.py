@@ -64,7 +64,6 @@ __all__ = ["Countersign", "CountersignToolset", "denial_message"]
 
 _META = "countersign"
 """The key of Countersign's entry in `DeferredToolResults.metadata[tool_call_id]`."""
-_WHY_LIMIT = 2000
 
 
 def _restate_context() -> restate.Context:
@@ -219,8 +218,8 @@ def _why(ctx: RunContext[Any]) -> str:
     """The model's own words in the reply that made the calls (what the approver reads as `why`)."""
     for message in reversed(ctx.messages):
         if isinstance(message, ModelResponse):
-            text = " ".join(p.content for p in message.parts if isinstance(p, TextPart)).strip()
-            return text[:_WHY_LIMIT]
+            # Whole: the gate cuts it to the contract's bound, as it does every caller's.
+            return " ".join(p.content for p in message.parts if isinstance(p, TextPart)).strip()
     return ""
 
 
