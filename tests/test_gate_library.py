@@ -332,6 +332,39 @@ def test_a_long_why_and_goal_are_cut_to_the_contracts_bounds(stack: IsolatedStac
     assert refused.status_code == 400 and refused.json()["message"] == "why must be text, not list"
 
 
+def test_arguments_of_the_wrong_shape_are_an_invalid_outcome_a_handler_can_return(stack: IsolatedStack) -> None:
+    """A list where the arguments go, or arguments nested deeper than pydantic writes (~255 levels),
+    are an `invalid` outcome like other bad arguments, which the handler returns as the README does
+    (`model_dump(mode="json")`): not a 500, nor a result that fails to serialise and is retried
+    forever. What did not validate comes back in `proposed_args` only if it can be written."""
+    order = new_order(stack.db_path, 90000)
+    nested: Any = 1
+    for _ in range(300):
+        nested = {"a": nested}
+    pairs = [["order_id", order], ["amount_usd", "20.00"], ["reason", "r"]]  # dict() would take these
+    asks = {
+        "shape-1": raw_call("request_approval", "shape-1", tool="issue_refund", args=[1, 2]),
+        "shape-2": raw_call("gated_call", "shape-2", tool="issue_refund", args=pairs),
+        "shape-3": raw_call("request_approval", "shape-3", tool="issue_refund", args={"order_id": nested}),
+        "shape-4": raw_call("gated_call", "shape-4", tool="issue_refund", args={"order_id": nested}),
+        "shape-5": raw_call("request_approval", "shape-5", tool="issue_refund", args={"order_id": "x"}),
+    }
+    answers = {}
+    for run, ask in asks.items():
+        answer = stack.ingress.wait_invocation(stack.ingress.send("RawGate", None, "call", ask), timeout=20)
+        assert answer.status_code == 200, (run, answer.text)
+        answers[run] = answer.json()
+    for run in ("shape-1", "shape-3", "shape-5"):
+        assert answers[run]["verdict"] == "invalid" and answers[run]["run_id"] == run, answers[run]
+    for run in ("shape-2", "shape-4"):
+        assert answers[run]["outcome"] == "invalid" and answers[run]["args"] is None, answers[run]
+    assert "not list" in answers["shape-1"]["reason"] and "not list" in answers["shape-2"]["result"]["error"]
+    assert "order_id" in answers["shape-3"]["reason"] and "order_id" in answers["shape-4"]["result"]["error"]
+    assert [answers[run]["proposed_args"] for run in asks] == [{}, {}, {}, {}, {"order_id": "x"}]
+    assert {row["status"] for row in stack.restate.invocation_statuses("RawGate")} == {"completed"}
+    assert refunds_for(stack.db_path, "shape-2") == [] and not list(stack.outbox_dir.glob("*shape*"))
+
+
 def saved_status(stack: IsolatedStack, approval_id: str) -> dict[str, Any]:
     """The approval's status once its workflow has saved the record (the email may come first)."""
 

@@ -10,12 +10,14 @@ alive. Works the same from a Workflow, a Virtual Object or a Service.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, cast
 
+import pydantic_core
 import restate
 from pydantic import BaseModel, Field, ValidationError
 from restate import RunOptions, TerminalError
@@ -35,6 +37,7 @@ from handlers.compact import Compact
 from handlers.contract import (
     EMAIL_PATTERN,
     MAX_GOAL,
+    MAX_TOOL_ARGS_BYTES,
     MAX_WHY,
     NAME_PATTERN,
     ActionRecord,
@@ -64,6 +67,8 @@ class ApprovalOutcome(BaseModel):
     args: dict[str, Any] | None = None
     """The arguments to run: the frozen ones, or with the approver's edits (None unless approved)."""
     proposed_args: dict[str, Any] = Field(default_factory=dict)
+    """The arguments as proposed; for arguments that did not validate, only what can be written back
+    as JSON (see `_proposed`), else empty."""
     edits: dict[str, Any] | None = None
     approved_by: list[str] = Field(default_factory=list)
     reason: str | None = None
@@ -169,6 +174,24 @@ def _where(ctx: restate.Context, run_id: str | None, index: int | None) -> tuple
     return run_id, index
 
 
+def _proposed(args: object) -> dict[str, Any]:
+    """What an outcome whose arguments did not validate carries back as `proposed_args`: the
+    arguments as JSON when they are a mapping that pydantic writes as at most MAX_TOOL_ARGS_BYTES,
+    else nothing (the reason says what was wrong). The caller returns the outcome as its own result,
+    `model_dump(mode="json")`: arguments nested past pydantic's depth limit, or of a type it cannot
+    write, would fail there, after the gate answered, and the invocation would retry forever."""
+    if not isinstance(args, Mapping):
+        return {}
+    try:
+        written = pydantic_core.to_json(dict(args))
+    except ValueError:  # PydanticSerializationError: too deep, or a value it cannot write
+        return {}
+    if len(written) > MAX_TOOL_ARGS_BYTES:
+        return {}
+    proposed: dict[str, Any] = json.loads(written)
+    return proposed
+
+
 def _check_people(requester: str, tenant: str) -> None:
     if not re.fullmatch(EMAIL_PATTERN, requester):
         raise TerminalError(f"requester {requester[:80]!r} is not an email address", 400)
@@ -206,6 +229,9 @@ async def _open(
     _check_people(requester, tenant)
     name = tool if isinstance(tool, str) else tool.name
     where, at = _where(ctx, run_id, index)
+    if not isinstance(args, Mapping):  # e.g. a list: an answer of its own, no step (nothing to ask)
+        shape = f"invalid arguments: expected an object of argument names and values, not {type(args).__name__}"
+        return where, at, name, _Asked(error=shape)
     earlier = results_of(results) if isinstance(results, Sequence) else dict(results or {})
     asked = await ctx.run_typed(
         f"ask policy {name} #{at}",
@@ -324,7 +350,8 @@ async def request_approval(
     `why` and `goal` are cut to 2,000 and 4,000 characters (`MAX_WHY`, `MAX_GOAL`)."""
     why, goal = _described(why, goal)
     where, at, name, asked = await _open(ctx, tool, args, requester, tenant, run_id, index, confidence, results)
-    base = ApprovalOutcome(verdict=Outcome.INVALID, run_id=where, index=at, proposed_args=asked.args or dict(args))
+    proposed = asked.args or _proposed(args)
+    base = ApprovalOutcome(verdict=Outcome.INVALID, run_id=where, index=at, proposed_args=proposed)
     if asked.error is not None:
         verdict = Outcome.FAILED if asked.failed else Outcome.INVALID
         return base.model_copy(update={"verdict": verdict, "reason": asked.error})
@@ -380,9 +407,8 @@ async def gated_call(
     )
     if asked.error is not None:
         outcome = Outcome.FAILED if asked.failed else Outcome.INVALID
-        return ActionRecord(
-            index=at, tool=name, proposed_args=dict(args), outcome=outcome, result={"error": asked.error}
-        )
+        proposed = asked.args or _proposed(args)
+        return ActionRecord(index=at, tool=name, proposed_args=proposed, outcome=outcome, result={"error": asked.error})
     route = route_call(plan, asked.verdict, name, asked.args)
     if route.kind == "inside":
         assert plan is not None
