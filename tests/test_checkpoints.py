@@ -10,6 +10,8 @@ import html
 import subprocess
 import sys
 import textwrap
+import tomllib
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,12 @@ from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, StackFactory, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
+ORDER_CHECK = "args.order_id == results.lookup_order.order_id"
 CHECK = "args.amount_usd == double(results.lookup_order.amount_usd)"
 POLICY = f"""
 [tools.issue_refund]
 gate_below_confidence = 0.7
-checks = ["{CHECK}"]
+checks = ["{ORDER_CHECK}", "{CHECK}"]
 """
 USER_MODULE = """
 from typing import Any
@@ -39,6 +42,7 @@ class Ask(BaseModel):
     order_id: int
     amount_usd: str
     confidence: float | None = None
+    looked_up: int | None = None  # the order looked up first (default: the one refunded)
 
 
 desk = restate.Service("CheckedDesk")
@@ -47,7 +51,11 @@ desk = restate.Service("CheckedDesk")
 @desk.handler()
 async def refund(ctx: restate.Context, ask: Ask) -> dict[str, Any]:
     looked = await gated_call(
-        ctx, tool="lookup_order", args={"order_id": ask.order_id}, requester="alice@example.com", run_id=ask.run_id
+        ctx,
+        tool="lookup_order",
+        args={"order_id": ask.looked_up or ask.order_id},
+        requester="alice@example.com",
+        run_id=ask.run_id,
     )
     record = await gated_call(
         ctx,
@@ -195,6 +203,23 @@ def test_a_users_own_handler_passes_confidence_and_earlier_results(stack: Isolat
     assert counted(stack, "check", 1)["rejected"] == 1 and counted(stack, "confidence", 1)["rejected"] == 1
 
 
+def test_a_refund_of_one_order_on_the_lookup_of_another_is_stopped(stack: IsolatedStack) -> None:
+    """The README's pair of checks through `gated_call`: the lookup of one order does not let a
+    refund of another of the same total run alone, however sure the model; the email says which check."""
+    looked, other = new_order(stack.db_path, 9000), new_order(stack.db_path, 9000)
+    ask = {"run_id": "own-3", "order_id": other, "looked_up": looked, "amount_usd": "90.00", "confidence": 0.95}
+    invocation = stack.ingress.send("CheckedDesk", None, "refund", ask)
+    [mail] = wait_for_email(stack.outbox_dir, "own-3")
+    assert (
+        f"Stopped because check `{ORDER_CHECK}` failed: args.order_id is {other}, "
+        f"results.lookup_order.order_id is {looked}"
+    ) in mail.text
+    assert f"Stopped because check `{CHECK}`" not in mail.text and "confidence" not in mail.text.split("Asked by:")[0]
+    assert submit(mail.link, "reject", reason="wrong order").status_code == 200
+    assert stack.ingress.wait_invocation(invocation).json()["outcome"] == "rejected"
+    assert refunds_for(stack.db_path, "own-3") == []
+
+
 def test_kill9_while_a_confidence_stop_waits_then_approve_runs_once(stack: IsolatedStack, run_id: str) -> None:
     order = new_order(stack.db_path, 12000)
     assert stack.ingress.start_run(run_id, refund_task(order, "120.00", 0.3)).status_code == 202
@@ -238,6 +263,43 @@ def test_checkpoints_fail_closed_and_never_ungate() -> None:
         "issue_refund", policy, {"amount_usd": 100}, confidence=0.8, results={"lookup_order": {"amount_usd": "100"}}
     )
     assert not alone.gated and alone.stopped_because == []
+
+
+def test_the_readmes_checks_refuse_a_refund_of_another_order_than_the_one_looked_up() -> None:
+    """The README's example policy, read from the README: a lookup of order 1043 does not let a
+    refund of order 1042 of the same total run alone, and `results.lookup_order` is the latest
+    lookup, so an earlier lookup of 1042 does not count once another order was looked up."""
+    from handlers.contract import ActionRecord, Outcome
+    from handlers.demo.tools import DEMO_TOOLS, IssueRefundArgs
+    from handlers.tools.checkpoints import results_of
+    from handlers.tools.policy import evaluate, merge
+
+    readme = (REPO / "README.md").read_text().split("### Confidence-gated checkpoints", 1)[1]
+    table = tomllib.loads(readme.split("```toml\n", 1)[1].split("```", 1)[0])["tools"]["issue_refund"]
+    assert ORDER_CHECK in table["checks"] and CHECK in table["checks"]
+    [tool] = [t for t in DEMO_TOOLS if t.name == "issue_refund"]
+    policy = merge(tool.policy, table, source="README.md")
+
+    def lookup(order: int) -> ActionRecord:  # what the demo's lookup_order returns
+        result = {"order_id": order, "customer_id": "c_1", "amount_usd": "120.00", "refunded_usd": "0.00"}
+        return ActionRecord(
+            index=0, tool="lookup_order", proposed_args={"order_id": order}, outcome=Outcome.AUTONOMOUS, result=result
+        )
+
+    refund = IssueRefundArgs(order_id=1042, amount_usd=Decimal("120.00"), reason="damaged")
+
+    def stopped(*lookups: int) -> list[str]:
+        verdict = evaluate(
+            "issue_refund", policy, refund, confidence=0.95, results=results_of(list(map(lookup, lookups)))
+        )
+        assert verdict.gated == bool(verdict.stopped_because)
+        return [s.text for s in verdict.stopped_because]
+
+    mismatch = f"check `{ORDER_CHECK}` failed: args.order_id is 1042, results.lookup_order.order_id is 1043"
+    assert stopped(1043) == [mismatch]
+    assert stopped(1042) == []
+    assert stopped(1042, 1043) == [mismatch], "the latest lookup counts"
+    assert stopped(1043, 1042) == []
 
 
 def test_bad_checkpoint_policies_stop_at_load_with_the_setting_named() -> None:

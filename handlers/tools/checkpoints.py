@@ -7,8 +7,10 @@ number in 0..1) counts as below the threshold, and a check that cannot be evalua
 of the tool it reads, a missing field, a type error) stops the call as a failed check would.
 
 A check is a CEL expression over `args` (the validated arguments) and `results` (the latest result of
-each tool that ran earlier in the same run, by tool name), e.g.
-`args.amount_usd == double(results.lookup_order.amount_usd)`.
+each tool that ran earlier in the same run, by tool name), e.g. the pair
+`args.order_id == results.lookup_order.order_id` and
+`args.amount_usd == double(results.lookup_order.amount_usd)`: `results.lookup_order` is whichever
+order was looked up last, so a check on its amount alone would pass a refund of another order.
 """
 
 from __future__ import annotations
