@@ -424,8 +424,8 @@ _FORM_TEXT = 64 * 1024
 
 class PageSubmission(Strict):
     """Input of `Approval.submit`: an approval page's POST as its form said it, after the page's own
-    checks (same origin, CSRF, form size). The decision rules are `submit`'s: it filters `edits` by
-    what the record lets be edited, checks the verdict, the reason and the typed confirmation."""
+    checks (same origin, CSRF, form size). The decision rules are `decide`'s: `edits` that the record
+    does not let be edited are refused, as are a missing verdict or reason and a wrong confirmation."""
 
     token: str = Field(min_length=10, max_length=400)
     verdict: str = Field(default="", max_length=20, description="the form's value; approve or reject decide")

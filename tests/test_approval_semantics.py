@@ -73,6 +73,9 @@ def test_an_edit_that_rounds_to_nothing_is_refused_on_the_page(
     for tiny in ("0.004", "0.0049"):
         refused = httpx.post(mail.link, data={**data, "edit.amount_usd": tiny}, headers=origin, timeout=30)
         assert refused.status_code == 400 and "not valid" in refused.text and "at least 0.01" in refused.text, tiny
+    # A field the page does not offer is refused, not dropped (the page decides with `decide`'s rules).
+    unoffered = httpx.post(mail.link, data={**data, "edit.order_id": "1"}, headers=origin, timeout=30)
+    assert unoffered.status_code == 400 and "order_id cannot be edited" in unoffered.text
     [pending] = ingress.status(run_id)["pending"]
     assert pending["approvals"] == 0, "a refused edit decides nothing"
 

@@ -99,6 +99,13 @@ def test_an_edited_plan_stops_a_call_above_the_lowered_bound_for_a_fresh_approva
     task = plan_task(orders, ["600.00", "700.00"], bound="800", calls=2)
     assert ingress.start_run(run_id, task).status_code == 202
     [mail] = wait_for_email(outbox_dir, run_id)
+    # A field the page does not offer is refused as `decide` refuses it, not dropped: dropping it would
+    # approve the unchanged plan (a widening, or an approver's narrowing, lost without a word).
+    for offered_not in ({"step.0.one_of.order_id": "987007,987008"}, {"step.0.calls": "1", "step.9.drop": "drop"}):
+        widened = submit(mail.link, "approve", edits=offered_not)
+        assert widened.status_code == 400 and "cannot be edited" in widened.text, offered_not
+        assert "Nothing was decided" in widened.text or "Not decided" in widened.text
+        assert wait_pending(ingress, run_id, 0)["approvals"] == 0, "a refused edit decides nothing"
     raised = submit(mail.link, "approve", edits={"step.0.at_most.amount_usd": "900"})
     assert raised.status_code == 400 and "may only be lowered" in raised.text
     assert wait_pending(ingress, run_id, 0)["approval_id"] == f"{run_id}-a0", "an invalid edit decides nothing"

@@ -271,20 +271,19 @@ async def submit(ctx: WorkflowSharedContext, form: PageSubmission) -> Submitted:
         return Submitted(record=record, refused=PageNotice(status=400, title="Reason required", text=_WHY))
     if len(reason) > 2000:
         return Submitted(record=record, refused=PageNotice(status=400, title="Reason too long", text=_SHORTER))
-    edits = {k: diff.normalized(v).strip() for k, v in form.edits.items() if k in record.editable}
+    # Every field the form carries, offered or not: `decide`'s rules refuse one that may not be edited
+    # (a 400 that decides nothing), where dropping it would approve what the approver did not ask.
+    edits = {k: diff.normalized(v).strip() for k, v in form.edits.items()}
     read = {"verdict": verdict, "reason": reason, "edits": edits, "confirm": form.confirm}
     # A long text changed: the approver sees the diff first; only the review's own form, carrying
     # the fingerprint of exactly these edits, decides.
     if verdict == "approve" and diff.changes(record.args, edits) and form.reviewed != diff.marker(edits):
-        # Only edits that would be accepted are shown for review; others are refused here, as the
-        # decision would refuse them, before a person spends time on a diff of them.
-        tool = default_registry().get(record.tool)
+        # Only edits that would be accepted are shown for review; others are refused here, by the
+        # decision's own check, before a person spends time on a diff of them.
         try:
-            if tool is None:
-                raise EditRejected("This action cannot be edited.")
-            apply_edits(tool, record.args, {k: v for k, v in edits.items() if str(record.args.get(k)) != v})
-        except EditRejected as exc:
-            notice = PageNotice(status=400, title="Not decided", text=f"{exc} Nothing was decided.")
+            _checked_edits(record, verdict, edits)
+        except TerminalError as exc:
+            notice = PageNotice(status=400, title="Not decided", text=f"{exc.message} Nothing was decided.")
             return Submitted(record=record, refused=notice)
         return Submitted.model_validate({"record": record, "takeover": "review", **read})
     decision = _PageDecision(verdict=verdict, reason=reason, confirm=form.confirm, client=form.client)
