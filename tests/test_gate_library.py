@@ -503,13 +503,16 @@ def test_a_run_id_and_index_place_one_approval_once(stack: IsolatedStack) -> Non
     # The same while the first approval still waits: the second caller is refused, the first is not.
     ask = {"run_id": "desk-7", "tool": "issue_refund", "args": refund(new_order(stack.db_path, 90000), "700.00")}
     waiting = stack.ingress.send("RefundDesk", "customer-7", "act", ask)
-    wait_for_email(stack.outbox_dir, "desk-7")
+    [first] = wait_for_email(stack.outbox_dir, "desk-7")
     twice = stack.ingress.wait_invocation(stack.ingress.send("RefundDesk", "customer-7b", "act", ask))
     assert twice.status_code == 409 and "desk-7-a0 was already asked" in twice.text
-    # Its request email went out under the first one's idempotency key: the approver has one email.
-    assert len(approval_emails(stack.outbox_dir, "desk-7", "request")) == 1
-    assert stack.ingress.call("Approval", "desk-7-a0", "cancel", {"reason": "done"}).json()["accepted"] is True
-    assert stack.ingress.wait_invocation(waiting).json()["outcome"] == "cancelled"
+    # Its request email went out under the first one's idempotency key: the approver has one email,
+    # the first, whose link still works (a second write would have put a link that answers 403).
+    [kept] = approval_emails(stack.outbox_dir, "desk-7", "request")
+    assert kept.link == first.link and kept.message["Date"] == first.message["Date"]
+    assert open_page(first.link).status_code == 200
+    assert submit(first.link, "reject", "asked twice").status_code == 200
+    assert stack.ingress.wait_invocation(waiting).json()["outcome"] == "rejected"
     wait_until(lambda: "outcome" in audit_kinds(stack, "desk-7-a0"), timeout=30, what="desk-7-a0's outcome entry")
     assert audit_kinds(stack, "desk-7-a0").count("requested") == 1
     assert verify(audit_log(stack, "desk-7-a0").entries) == []

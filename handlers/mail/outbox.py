@@ -1,8 +1,11 @@
 """The local mail backend: each message becomes an RFC 5322 `.eml` file in the outbox folder.
 
-Guarantee: the file name and the Message-ID derive from the message's idempotency key alone, so a
-retried send replaces the same file and the outbox holds exactly one file per intent (written
-atomically: temp file, then rename). Both parts are quoted-printable and the MIME boundary is drawn
+Guarantee: the file name and the Message-ID derive from the message's idempotency key alone, and
+the first message written under a key is the one that stays, as at a provider that honours
+idempotency keys: a retried send, or a second caller asking at a placement already asked, finds
+the file and writes nothing, so the outbox holds exactly one file per intent and an approver's
+first link is never replaced by one that does not work (written atomically: temp file, then a hard
+link that fails if the name exists). Both parts are quoted-printable and the MIME boundary is drawn
 from `secrets` on every write and checked against the encoded parts, so no content, however it was
 chosen, can close a part or open one of its own (a boundary holds `=_`, which quoted-printable
 never writes). Approval links are logged only in dev/test (`log_links`); elsewhere the log names
@@ -50,23 +53,32 @@ class OutboxMailer:
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", email.idempotency_key)[:120] + "-" + digest[:10]
         message_id = f"<{digest[:40]}@countersign.local>"
         path = self.folder / f"{stem}.eml"
+        receipt = SendReceipt(
+            backend=self.name, message_id=message_id, idempotency_key=email.idempotency_key, kind=email.kind
+        )
+        if path.exists():
+            log.info("%s email for %s: already sent as outbox file %s", email.kind, ", ".join(email.to), path.name)
+            return receipt
         data = self._render(email, message_id)
         try:
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=".eml")
         except FileNotFoundError:  # the first email (the folder is made then, not on every send)
             self.folder.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=".eml")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.link(tmp, path)
+        except FileExistsError:  # a concurrent send under the same key wrote it first: that one stays
+            return receipt
+        finally:
+            os.unlink(tmp)
         if self.log_links and email.log_links:
             for link in email.log_links:
                 log.info("approval link for %s: %s (outbox file %s)", ", ".join(email.to), link, path.name)
         else:
             log.info("%s email for %s: outbox file %s", email.kind, ", ".join(email.to), path.name)
-        return SendReceipt(
-            backend=self.name, message_id=message_id, idempotency_key=email.idempotency_key, kind=email.kind
-        )
+        return receipt
 
     def _render(self, email: OutgoingEmail, message_id: str) -> bytes:
         # The compat32 API, because the modern one parses every header it sets: that made this
