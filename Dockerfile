@@ -5,12 +5,12 @@
 #   docker build -t countersign .        (podman build -t countersign . works the same)
 
 # Stage 1: build the wheel. It carries the package data the app reads at run time: the email
-# templates (email_templates/ becomes handlers/mail/email_templates/) and handlers/runtime/hypercorn.toml.
+# templates (email_templates/ becomes countersign/mail/email_templates/) and countersign/runtime/hypercorn.toml.
 FROM python:3.11-slim AS wheel
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY handlers ./handlers
+COPY countersign ./countersign
 COPY email_templates ./email_templates
 RUN pip wheel --no-deps -w /dist .
 
@@ -38,4 +38,4 @@ WORKDIR /app
 USER countersign
 EXPOSE 8080
 # The platform sets PORT. exec: python is PID 1 and gets SIGTERM, which `serve` turns into a graceful stop.
-CMD ["sh", "-c", "exec python -m handlers serve --bind 0.0.0.0:${PORT}"]
+CMD ["sh", "-c", "exec python -m countersign serve --bind 0.0.0.0:${PORT}"]

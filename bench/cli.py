@@ -116,7 +116,7 @@ def _plan(args: argparse.Namespace) -> Plan:
 def _meta(plan: Plan, scenarios: tuple[str, ...]) -> dict[str, Any]:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", "handlers", "bench"], cwd=REPO, capture_output=True, text=True
+        ["git", "status", "--porcelain", "--", "countersign", "bench"], cwd=REPO, capture_output=True, text=True
     )
     return {
         "mode": plan.mode,

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 
-from handlers.runtime.server import Listener, restate_config, serve
+from countersign.runtime.server import Listener, restate_config, serve
 
 SERVICE = "BenchFloor"
 MARKERS_ENV = "BENCH_FLOOR_MARKERS"

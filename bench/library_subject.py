@@ -16,8 +16,8 @@ import restate
 from pydantic import BaseModel, Field
 from restate import WorkflowContext
 
-from handlers import gated_call
-from handlers.contract import EMAIL_PATTERN, ActionRecord, Outcome
+from countersign import gated_call
+from countersign.contract import EMAIL_PATTERN, ActionRecord, Outcome
 
 SERVICE = "BenchLibrary"
 SPEC = "bench.library_subject:services"

@@ -10,7 +10,7 @@ from typing import Any
 
 from annotated_types import MaxLen
 
-from handlers.contract import AgentTask
+from countersign.contract import AgentTask
 
 
 def script_cap() -> int:

@@ -2,9 +2,9 @@
 library-path workflow served beside them) and the floor's handlers.
 
 Guarantee: all three bind 127.0.0.1 on free ports, run the committed `restate.toml` and
-`handlers/runtime/hypercorn.toml` (with the test suite's loopback overrides, and the partition count and RocksDB budget
-put back to the committed values), and are stopped by PID through the `ExitStack` they are started
-under, in reverse order, however the bench ends.
+`countersign/runtime/hypercorn.toml` (with the test suite's loopback overrides, and the partition
+count and RocksDB budget put back to the committed values), and are stopped by PID through the
+`ExitStack` they are started under, in reverse order, however the bench ends.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ async def _journal_counts(d: Driver, service: str, run_id: str) -> dict[str, int
 
 async def _waiting_journals(d: Driver, low: int, high: int) -> tuple[dict[str, int], dict[str, int]]:
     """The journal entry counts of two Countersign runs of `low` and `high` steps, read while each
-    waits on a gated refund after its steps: a finished run keeps no journal (handlers.retention).
+    waits on a gated refund after its steps: a finished run keeps no journal (countersign.retention).
     The gate's own entries are the same in both and drop out of the difference. The runs are then
     approved and run to their end, so they leave nothing waiting behind."""
     cs = d.countersign

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from handlers.contract import ActionRecord, ApprovalRecord, Outcome
-from handlers.mail.render import environment
-from handlers.timewords import duration
-from handlers.web import wording
+from countersign.contract import ActionRecord, ApprovalRecord, Outcome
+from countersign.mail.render import environment
+from countersign.timewords import duration
+from countersign.web import wording
 
 NOW = 1_790_000_000.0  # 2026-09-21 14:13:20 UTC
 

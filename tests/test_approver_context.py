@@ -12,14 +12,14 @@ from pydantic import BaseModel
 from support.injection import FORGED_LINES, our_lines_only, value_lines_outside_blocks
 from support.records import approval_record
 
-from handlers import textdiff as diff
-from handlers.approval.trail import MAX_STEPS, trail_of
-from handlers.contract import ActionRecord, ApprovalRecord, Fact, Outcome, TrailStep
-from handlers.mail.approval_email import approval_request
-from handlers.settings import Settings
-from handlers.tools.context import MAX_FACTS, MAX_VALUE, _read, facts_of
-from handlers.tools.policy import ToolPolicy
-from handlers.tools.registry import EffectContext, Tool
+from countersign import textdiff as diff
+from countersign.approval.trail import MAX_STEPS, trail_of
+from countersign.contract import ActionRecord, ApprovalRecord, Fact, Outcome, TrailStep
+from countersign.mail.approval_email import approval_request
+from countersign.settings import Settings
+from countersign.tools.context import MAX_FACTS, MAX_VALUE, _read, facts_of
+from countersign.tools.policy import ToolPolicy
+from countersign.tools.registry import EffectContext, Tool
 
 SETTINGS = Settings(
     approvals_signing_keys="k1:" + "s" * 40,  # type: ignore[arg-type]
@@ -45,7 +45,7 @@ def tool(context: Any) -> Tool:
 
 def read(context: Any, monkeypatch: pytest.MonkeyPatch, timeout: str = "5") -> Any:
     monkeypatch.setenv("TOOL_CONTEXT_TIMEOUT_SECONDS", timeout)
-    from handlers.settings import get_settings
+    from countersign.settings import get_settings
 
     get_settings.cache_clear()
     try:
@@ -156,7 +156,7 @@ def test_the_diff_marks_only_changed_lines_of_long_text() -> None:
 
 
 def test_the_batch_email_shows_each_items_facts() -> None:
-    from handlers.mail.approval_email import batch_request
+    from countersign.mail.approval_email import batch_request
 
     first = approval_record(context=[Fact(label="Order total", value="$612.40")])
     second = approval_record(approval_id="run-1-a3", index=3, context_error="TimeoutError")

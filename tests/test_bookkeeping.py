@@ -15,19 +15,19 @@ from support.approver import submit, wait_for_email
 from support.business import new_order
 from support.processes import IsolatedStack, StackFactory, wait_until
 
-from handlers.objects.audit import AuditLog, verify
-from handlers.objects.shards import books_key, first_books_key
+from countersign.objects.audit import AuditLog, verify
+from countersign.objects.shards import books_key, first_books_key
 
 APPROVER, TOOL = "finance@example.com", "issue_refund"
 OLDER = "older-run-a0"
 OLDER_VERSION = """
 import restate
 
-from handlers.objects import bookkeeping
-from handlers.objects.audit import AuditEntries, AuditEntry, append_all
-from handlers.objects.inbox import InboxEntry, InboxEvent, apply
-from handlers.objects.shards import first_books_key, shard_key
-from handlers.objects.trust import OutcomeSample, record
+from countersign.objects import bookkeeping
+from countersign.objects.audit import AuditEntries, AuditEntry, append_all
+from countersign.objects.inbox import InboxEntry, InboxEvent, apply
+from countersign.objects.shards import first_books_key, shard_key
+from countersign.objects.trust import OutcomeSample, record
 
 older = restate.Service("OlderVersion")
 

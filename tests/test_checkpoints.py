@@ -34,7 +34,7 @@ from typing import Any
 import restate
 from pydantic import BaseModel
 
-from handlers import gated_call
+from countersign import gated_call
 
 
 class Ask(BaseModel):
@@ -143,7 +143,7 @@ def test_low_confidence_stops_a_refund_the_policy_lets_run_alone(stack: Isolated
         "PATH": "/usr/bin:/bin",
     }
     stats = subprocess.run(
-        [sys.executable, "-m", "handlers", "stats"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "countersign", "stats"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
     assert stats.returncode == 0, stats.stderr
     [row] = [line.split() for line in stats.stdout.splitlines() if line.startswith("issue_refund  confidence")]
@@ -237,7 +237,7 @@ def test_kill9_while_a_confidence_stop_waits_then_approve_runs_once(stack: Isola
 
 
 def test_checkpoints_fail_closed_and_never_ungate() -> None:
-    from handlers.tools.policy import ToolPolicy, evaluate
+    from countersign.tools.policy import ToolPolicy, evaluate
 
     policy = ToolPolicy(
         gated=True,
@@ -269,10 +269,10 @@ def test_the_readmes_checks_refuse_a_refund_of_another_order_than_the_one_looked
     """The README's example policy, read from the README: a lookup of order 1043 does not let a
     refund of order 1042 of the same total run alone, and `results.lookup_order` is the latest
     lookup, so an earlier lookup of 1042 does not count once another order was looked up."""
-    from handlers.contract import ActionRecord, Outcome
-    from handlers.demo.tools import DEMO_TOOLS, IssueRefundArgs
-    from handlers.tools.checkpoints import results_of
-    from handlers.tools.policy import evaluate, merge
+    from countersign.contract import ActionRecord, Outcome
+    from countersign.demo.tools import DEMO_TOOLS, IssueRefundArgs
+    from countersign.tools.checkpoints import results_of
+    from countersign.tools.policy import evaluate, merge
 
     readme = (REPO / "README.md").read_text().split("### Confidence-gated checkpoints", 1)[1]
     table = tomllib.loads(readme.split("```toml\n", 1)[1].split("```", 1)[0])["tools"]["issue_refund"]
@@ -303,7 +303,7 @@ def test_the_readmes_checks_refuse_a_refund_of_another_order_than_the_one_looked
 
 
 def test_bad_checkpoint_policies_stop_at_load_with_the_setting_named() -> None:
-    from handlers.tools.policy import ToolPolicy, merge
+    from countersign.tools.policy import ToolPolicy, merge
 
     base = ToolPolicy(gated=False)
     with pytest.raises(SystemExit, match=r"checks.*reads order.*only args and results"):
@@ -321,7 +321,7 @@ def test_bad_checkpoint_policies_stop_at_load_with_the_setting_named() -> None:
 
 
 def test_a_failed_comparison_shows_both_sides_only_when_it_is_one_comparison() -> None:
-    from handlers.tools.checkpoints import stops
+    from countersign.tools.checkpoints import stops
 
     args, results = {"customer_id": "c_1", "amount_usd": 5.0}, {"lookup_order": {"customer_id": "c_2"}}
     [one] = stops(
@@ -345,8 +345,8 @@ def test_a_failed_comparison_shows_both_sides_only_when_it_is_one_comparison() -
 
 
 def test_the_confidence_argument_is_taken_out_of_asked_tools_only() -> None:
-    from handlers.llm import confidence
-    from handlers.llm.base import AssistantTurn, ToolCall, ToolSpec
+    from countersign.llm import confidence
+    from countersign.llm.base import AssistantTurn, ToolCall, ToolSpec
 
     schema = {"type": "object", "properties": {"amount": {"type": "number"}}}
     asked = confidence.asking(schema)
@@ -370,8 +370,8 @@ def test_the_confidence_argument_is_taken_out_of_asked_tools_only() -> None:
 
 
 def test_a_404_model_not_found_is_a_retirement_and_other_404s_are_not() -> None:
-    from handlers.llm.base import ModelRetired
-    from handlers.llm.provider_errors import classify, is_model_retired
+    from countersign.llm.base import ModelRetired
+    from countersign.llm.provider_errors import classify, is_model_retired
 
     openai_gone = {
         "error": {"message": "The model `x` does not exist", "type": "invalid_request_error", "code": "model_not_found"}

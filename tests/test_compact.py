@@ -9,16 +9,16 @@ from pathlib import Path
 from pydantic import BaseModel
 from support.records import approval_record
 
-from handlers.agent.run import Turn
-from handlers.approval.calls import _Asked
-from handlers.approval.gate import GateResult
-from handlers.approval.verdict import Verdict
-from handlers.approval.workflow import ApprovalRequest
-from handlers.compact import Compact
-from handlers.contract import ActionRecord, Outcome
-from handlers.llm.base import AssistantTurn, ToolCall
-from handlers.tools import default_registry
-from handlers.tools.policy import PolicyVerdict, evaluate
+from countersign.agent.run import Turn
+from countersign.approval.calls import _Asked
+from countersign.approval.gate import GateResult
+from countersign.approval.verdict import Verdict
+from countersign.approval.workflow import ApprovalRequest
+from countersign.compact import Compact
+from countersign.contract import ActionRecord, Outcome
+from countersign.llm.base import AssistantTurn, ToolCall
+from countersign.tools import default_registry
+from countersign.tools.policy import PolicyVerdict, evaluate
 
 
 def _verdict() -> PolicyVerdict:
@@ -78,7 +78,7 @@ def _models_in(annotation: object) -> list[type[BaseModel]]:
 
 def test_the_defaults_of_compactly_journaled_models_do_not_change() -> None:
     """A default changed under a compact value would change what an older journal means (see
-    handlers.compact): add a field instead. Regenerate DEFAULTS only for a new field."""
+    countersign.compact): add a field instead. Regenerate DEFAULTS only for a new field."""
     seen: dict[str, dict[str, str]] = {}
     for model in (ApprovalRequest, GateResult, Turn, _Asked):
         _defaults(model, seen)

@@ -13,7 +13,7 @@ from support.business import new_order
 from support.processes import StackFactory, wait_until
 from test_operations import cli, refund_task
 
-from handlers.ops.fatigue import fatigue, samples
+from countersign.ops.fatigue import fatigue, samples
 
 FAST, SLOW = "fast@example.com", "slow@example.com"
 

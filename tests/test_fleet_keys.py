@@ -15,8 +15,8 @@ from support.approver import form_csrf, open_page, submit, wait_for_email
 from support.business import new_order
 from support.processes import AppServer, Ingress, RestateServer, wait_until
 
-from handlers.objects.shards import SHARDS, books_key, books_keys, is_shard, shard_key, shard_keys
-from handlers.objects.trust import booked_head
+from countersign.objects.shards import SHARDS, books_key, books_keys, is_shard, shard_key, shard_keys
+from countersign.objects.trust import booked_head
 
 APPROVER, TOOL = "finance@example.com", "issue_refund"
 RUNS = 8

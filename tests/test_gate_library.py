@@ -18,9 +18,9 @@ from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, StackFactory, wait_until
 from test_operations import cli
 
-from handlers.contract import MAX_GOAL, MAX_WHY
-from handlers.objects.audit import AuditLog, verify
-from handlers.security import links
+from countersign.contract import MAX_GOAL, MAX_WHY
+from countersign.objects.audit import AuditLog, verify
+from countersign.security import links
 
 USER_MODULE = '''
 from typing import Any
@@ -28,7 +28,7 @@ from typing import Any
 import restate
 from pydantic import BaseModel
 
-from handlers import gated_call, request_approval, request_plan_approval
+from countersign import gated_call, request_approval, request_plan_approval
 
 
 class Ask(BaseModel):

@@ -3,7 +3,7 @@
 restate-server keeps one open stream per waiting invocation until its inactivity timeout (1 min in
 production), spread over connections as it chooses. The integration test opens more of them on one
 connection than hypercorn's stock stream scheduler accepts (1,000: the next one closed the connection,
-and every invocation on it), against the real `python -m handlers serve`, with a real HTTP/2 client
+and every invocation on it), against the real `python -m countersign serve`, with a real HTTP/2 client
 (`h2`) at the byte level.
 """
 
@@ -21,7 +21,7 @@ import pytest
 from priority.priority import DeadlockError, DuplicateStreamError, MissingStreamError
 from support.processes import AppServer, make_app_env
 
-from handlers.runtime.h2_streams import ReadyStreams
+from countersign.runtime.h2_streams import ReadyStreams
 
 SILENT_STREAMS = 1_500
 """Half as many again as the stock scheduler's limit."""

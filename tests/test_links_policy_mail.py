@@ -10,13 +10,13 @@ import pytest
 from pydantic import ValidationError
 from support.records import approval_record
 
-from handlers.approval.gate import action_digest
-from handlers.contract import ApprovalRecord
-from handlers.mail.message import OutgoingEmail
-from handlers.mail.outbox import OutboxMailer
-from handlers.security import links
-from handlers.settings import Settings
-from handlers.tools.policy import ToolPolicy, evaluate
+from countersign.approval.gate import action_digest
+from countersign.contract import ApprovalRecord
+from countersign.mail.message import OutgoingEmail
+from countersign.mail.outbox import OutboxMailer
+from countersign.security import links
+from countersign.settings import Settings
+from countersign.tools.policy import ToolPolicy, evaluate
 
 KEYS = {"k1": b"a" * 32, "k0": b"b" * 32}
 

@@ -17,9 +17,9 @@ from support.approver import LINK, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, RestateServer, StackFactory, wait_until
 
-from handlers.mail.intent import tag_value
-from handlers.security.codec import JournalCipher
-from handlers.settings import parse_journal_keys
+from countersign.mail.intent import tag_value
+from countersign.security.codec import JournalCipher
+from countersign.settings import parse_journal_keys
 
 
 @pytest.fixture(scope="module")

@@ -25,16 +25,16 @@ from support.injection import (
     value_lines_outside_blocks,
 )
 
-from handlers.contract import ApprovalRecord, Vote
-from handlers.mail.approval_email import approval_request, batch_request
-from handlers.mail.intent import from_tag_value, tag_value
-from handlers.mail.message import MailRejected, OutgoingEmail
-from handlers.mail.outbox import OutboxMailer
-from handlers.mail.outcome_email import outcome_notice
-from handlers.mail.receipt_email import decision_receipt
-from handlers.mail.render import environment
-from handlers.security import links
-from handlers.settings import Settings
+from countersign.contract import ApprovalRecord, Vote
+from countersign.mail.approval_email import approval_request, batch_request
+from countersign.mail.intent import from_tag_value, tag_value
+from countersign.mail.message import MailRejected, OutgoingEmail
+from countersign.mail.outbox import OutboxMailer
+from countersign.mail.outcome_email import outcome_notice
+from countersign.mail.receipt_email import decision_receipt
+from countersign.mail.render import environment
+from countersign.security import links
+from countersign.settings import Settings
 
 SETTINGS = Settings(
     approvals_signing_keys="k1:" + "s" * 40,  # type: ignore[arg-type]

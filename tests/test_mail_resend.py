@@ -24,12 +24,12 @@ from support.injection import (
 )
 from support.records import approval_record
 
-from handlers.mail import deliver as deliver_module
-from handlers.mail.approval_email import approval_request
-from handlers.mail.deliver import deliver
-from handlers.mail.message import MailDeferred, MailRejected, OutgoingEmail
-from handlers.mail.resend_backend import ResendMailer, retry_after
-from handlers.settings import Settings
+from countersign.mail import deliver as deliver_module
+from countersign.mail.approval_email import approval_request
+from countersign.mail.deliver import deliver
+from countersign.mail.message import MailDeferred, MailRejected, OutgoingEmail
+from countersign.mail.resend_backend import ResendMailer, retry_after
+from countersign.settings import Settings
 
 SENDER = "Countersign <approvals@countersign.example>"
 

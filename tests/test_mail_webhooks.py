@@ -21,13 +21,13 @@ from support.processes import IsolatedStack, free_port, wait_until
 from support.records import approval_record
 from test_security_journal import everything_restate_holds
 
-from handlers.approval.tally import slot_verdict
-from handlers.contract import ApprovalRecord, Vote
-from handlers.mail.intent import tag_value
-from handlers.objects.delivery import DeliveryFailure
-from handlers.security.codec import ENVELOPE, JournalCipher
-from handlers.settings import Settings, parse_journal_keys
-from handlers.web.webhooks import ResendWebhooks
+from countersign.approval.tally import slot_verdict
+from countersign.contract import ApprovalRecord, Vote
+from countersign.mail.intent import tag_value
+from countersign.objects.delivery import DeliveryFailure
+from countersign.security.codec import ENVELOPE, JournalCipher
+from countersign.settings import Settings, parse_journal_keys
+from countersign.web.webhooks import ResendWebhooks
 
 SECRET = "whsec_" + "c2VjcmV0LXNlY3JldC1zZWNyZXQtMTIzNDU2Nzg5MA=="
 

@@ -87,7 +87,7 @@ def show(stack: IsolatedStack, run_id: str) -> dict[str, Any]:
         "PATH": "/usr/bin:/bin",
     }
     shown = subprocess.run(
-        [sys.executable, "-m", "handlers", "show", run_id, "--json"],
+        [sys.executable, "-m", "countersign", "show", run_id, "--json"],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -21,11 +21,11 @@ from fakes.fixtures import running
 from fakes.provider import Reply
 from support.processes import REPO
 
-from handlers.agent.run import _tool_specs
-from handlers.demo.tools import IssueRefundArgs, LookupOrderArgs
-from handlers.llm import ModelUnavailable, check_model, parse_model_id
-from handlers.llm.anthropic_chat import AnthropicChat
-from handlers.llm.base import (
+from countersign.agent.run import _tool_specs
+from countersign.demo.tools import IssueRefundArgs, LookupOrderArgs
+from countersign.llm import ModelUnavailable, check_model, parse_model_id
+from countersign.llm.anthropic_chat import AnthropicChat
+from countersign.llm.base import (
     AssistantTurn,
     Feedback,
     ProviderBusy,
@@ -35,10 +35,10 @@ from handlers.llm.base import (
     ToolSpec,
     Transcript,
 )
-from handlers.llm.openai_chat import OpenAIChat
-from handlers.llm.prompt import EMPTY_REPLY
-from handlers.llm.provider_errors import retry_after_seconds
-from handlers.settings import get_settings
+from countersign.llm.openai_chat import OpenAIChat
+from countersign.llm.prompt import EMPTY_REPLY
+from countersign.llm.provider_errors import retry_after_seconds
+from countersign.settings import get_settings
 
 
 @pytest.fixture(scope="module")
@@ -318,9 +318,8 @@ def test_a_missing_sdk_extra_names_the_extra(provider_settings: pytest.MonkeyPat
 
 
 def _serve(env: dict[str, str], prelude: str = "") -> subprocess.CompletedProcess[str]:
-    code = (
-        f"{prelude}\nimport sys\nfrom handlers.ops.cli import main\nsys.exit(main(['serve', '--bind', '127.0.0.1:9']))"
-    )
+    serve = "sys.exit(main(['serve', '--bind', '127.0.0.1:9']))"
+    code = f"{prelude}\nimport sys\nfrom countersign.ops.cli import main\n{serve}"
     full_env: dict[str, Any] = {
         **os.environ,
         "APPROVALS_SIGNING_KEYS": "k1:" + "s" * 40,

@@ -227,11 +227,11 @@ def test_kill9_of_the_handler_while_pending_then_approve_runs_the_tool_once(
 
 
 def test_the_adapter_without_the_extra_fails_with_a_message_naming_it() -> None:
-    # `agents` blocked as if not installed; handlers.integrations itself still imports.
+    # `agents` blocked as if not installed; countersign.integrations itself still imports.
     code = (
         "import sys; sys.modules['agents'] = None\n"
-        "import handlers.integrations\n"
-        "try:\n    import handlers.integrations.openai_agents\n"
+        "import countersign.integrations\n"
+        "try:\n    import countersign.integrations.openai_agents\n"
         "except ImportError as exc:\n    print(exc)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)

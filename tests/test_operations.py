@@ -14,7 +14,7 @@ from support.approver import form_csrf, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import REPO, AppServer, Ingress, IsolatedStack, RestateServer, StackFactory, wait_until
 
-from handlers.ops import show_view
+from countersign.ops import show_view
 
 
 def refund_task(order: int, amount: str = "700.00") -> dict[str, Any]:
@@ -30,7 +30,7 @@ def cli(restate: RestateServer, *args: str) -> subprocess.CompletedProcess[str]:
         "PATH": "/usr/bin:/bin",
     }
     return subprocess.run(
-        [sys.executable, "-m", "handlers", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "countersign", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
 
 

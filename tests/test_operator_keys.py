@@ -19,7 +19,7 @@ READS = [["pending"], ["show", "{run}"], ["stats"], ["audit", "export"]]
 
 
 def operator(stack: IsolatedStack, cwd: Path, *args: str, keys: str | None = None) -> subprocess.CompletedProcess[str]:
-    """`python -m handlers ...` as an operator runs it from `cwd`: no journal keys unless given."""
+    """`python -m countersign ...` as an operator runs it from `cwd`: no journal keys unless given."""
     env = {
         "RESTATE_INGRESS_URL": stack.restate.ingress_url,
         "RESTATE_ADMIN_URL": stack.restate.admin_url,
@@ -28,7 +28,7 @@ def operator(stack: IsolatedStack, cwd: Path, *args: str, keys: str | None = Non
     if keys is not None:
         env["COUNTERSIGN_JOURNAL_KEYS"] = keys
     return subprocess.run(
-        [sys.executable, "-m", "handlers", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "countersign", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
     )
 
 
@@ -38,7 +38,7 @@ def dev_folder(tmp_path: Path) -> tuple[Path, str]:
     folder = tmp_path / "checkout"
     folder.mkdir()
     made = subprocess.run(
-        [sys.executable, "-c", "from handlers.runtime.devstack import dev_journal_keys; print(dev_journal_keys())"],
+        [sys.executable, "-c", "from countersign.runtime.devstack import dev_journal_keys; print(dev_journal_keys())"],
         cwd=folder,
         capture_output=True,
         text=True,
@@ -112,7 +112,7 @@ def test_decode_names_the_setting_for_a_wrong_key(waiting_run: tuple[IsolatedSta
     stack, run = waiting_run
     sealed = stack.ingress.client.post(f"/AgentRun/{run}/status").content
     done = subprocess.run(
-        [sys.executable, "-m", "handlers", "decode"],
+        [sys.executable, "-m", "countersign", "decode"],
         cwd=tmp_path,
         env={"PATH": "/usr/bin:/bin", "COUNTERSIGN_JOURNAL_KEYS": "dev1:" + base64.b64encode(bytes(32)).decode()},
         input=sealed.decode(),
@@ -126,11 +126,11 @@ def test_decode_names_the_setting_for_a_wrong_key(waiting_run: tuple[IsolatedSta
 
 
 def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
-    """`... | python -m handlers decode | head -c 10`: the reader goes away with most of the output
+    """`... | python -m countersign decode | head -c 10`: the reader goes away with most of the output
     unread; the command ends quietly (exit 1), as Unix tools do, whatever it was printing."""
     value = json.dumps({"pad": "x" * 1_000_000}).encode()  # far more than a pipe holds
     child = subprocess.Popen(
-        [sys.executable, "-m", "handlers", "decode"],
+        [sys.executable, "-m", "countersign", "decode"],
         cwd=tmp_path,
         env={"PATH": "/usr/bin:/bin", "COUNTERSIGN_JOURNAL_KEYS": "k1:" + base64.b64encode(bytes(32)).decode()},
         stdin=subprocess.PIPE,

@@ -24,8 +24,8 @@ from test_approval_semantics import refund_step, task
 from test_operations import refund_task
 from test_security_ingress import audit_entries
 
-from handlers.contract import ApprovalRecord, RunStatus, Submitted
-from handlers.security import links
+from countersign.contract import ApprovalRecord, RunStatus, Submitted
+from countersign.security import links
 
 _APPROVAL_REQUESTS = re.compile(r'^restate_ingress_requests_total\{[^}]*rpc_service="Approval"[^}]*\} (\S+)$', re.M)
 _CSRF = re.compile(r'name="csrf" value="([^"]+)"')

@@ -13,7 +13,7 @@ from support.approver import approval_emails, form_csrf, open_page, submit, wait
 from support.business import new_order, refunds_for
 from support.processes import AppServer, Ingress, StackFactory, wait_until
 
-from handlers.demo.business_db import connect, transaction
+from countersign.demo.business_db import connect, transaction
 
 
 def refund(order: int, amount: str) -> dict[str, Any]:
@@ -189,7 +189,7 @@ from typing import Any
 import restate
 from pydantic import BaseModel
 
-from handlers import gated_call, request_plan_approval
+from countersign import gated_call, request_plan_approval
 
 
 class Batch(BaseModel):

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from handlers.approval.edits import EditRejected
-from handlers.approval.plan import ApprovedPlan, PlanRoute, apply_plan_edits, describe, editable_fields, route_call
-from handlers.contract import MAX_PLAN_FORM_FIELDS, Outcome, Plan
-from handlers.tools import default_registry
-from handlers.tools.policy import PlanPolicy, PolicyVerdict, ToolPolicy, evaluate, merge, policy_version
-from handlers.web.pages import _MAX_FORM_FIELDS
+from countersign.approval.edits import EditRejected
+from countersign.approval.plan import ApprovedPlan, PlanRoute, apply_plan_edits, describe, editable_fields, route_call
+from countersign.contract import MAX_PLAN_FORM_FIELDS, Outcome, Plan
+from countersign.tools import default_registry
+from countersign.tools.policy import PlanPolicy, PolicyVerdict, ToolPolicy, evaluate, merge, policy_version
+from countersign.web.pages import _MAX_FORM_FIELDS
 
 
 def refund_plan() -> Plan:

@@ -36,7 +36,7 @@ from pydantic_ai.messages import UserPromptPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from restate.ext.pydantic import RestateAgent
 
-from handlers.integrations.pydantic_ai import Countersign, CountersignToolset
+from countersign.integrations.pydantic_ai import Countersign, CountersignToolset
 
 
 def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -273,8 +273,8 @@ def test_parallel_gated_calls_are_asked_one_after_the_other_each_with_its_own_an
 def test_the_adapter_without_the_extra_names_the_extra_to_install() -> None:
     code = (
         "import sys; sys.modules['pydantic_ai'] = None\n"
-        "import handlers, handlers.integrations\n"
-        "try:\n    import handlers.integrations.pydantic_ai\n"
+        "import countersign, countersign.integrations\n"
+        "try:\n    import countersign.integrations.pydantic_ai\n"
         "except ImportError as exc:\n    print(exc)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)

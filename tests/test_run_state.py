@@ -10,13 +10,13 @@ from support.business import new_order
 from support.processes import AppServer, Ingress, RestateServer, wait_until
 from support.records import approval_record
 
-from handlers.approval.run_state import HEADER_KEY, RunState, action_key, approval_key, assemble
-from handlers.contract import ActionRecord, ApprovalRecord, Outcome
+from countersign.approval.run_state import HEADER_KEY, RunState, action_key, approval_key, assemble
+from countersign.contract import ActionRecord, ApprovalRecord, Outcome
 
 
 def lookups_then_a_gated_refund(order: int, steps: int) -> dict[str, Any]:
     """`steps` autonomous look-ups, then a refund over the gate: the run waits for a person there,
-    with the journal of every step still in Restate (a finished run keeps none, see handlers.retention)."""
+    with the journal of every step still in Restate (a finished run keeps none, see countersign.retention)."""
     step = {"tool": "lookup_order", "args": {"order_id": order}}
     refund = {"tool": "issue_refund", "args": {"order_id": order, "amount_usd": "800.00", "reason": "late"}}
     return {"goal": f"Look at order {order}", "requester": "alice@example.com", "script": [step] * steps + [refund]}

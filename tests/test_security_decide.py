@@ -13,10 +13,10 @@ from support.approver import open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import AppServer, Ingress, RestateServer, wait_until
 
-from handlers.approval import confirm
-from handlers.contract import ApprovalRecord
-from handlers.security import links
-from handlers.settings import Settings
+from countersign.approval import confirm
+from countersign.contract import ApprovalRecord
+from countersign.security import links
+from countersign.settings import Settings
 
 
 def refund(order: int, amount: str, *, tenant: str = "default", **extra: Any) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.processes import DEPLOYMENT_PROTOCOLS, REPO, AppServer, RestateServer, free_port
 
-from handlers.security import identity
+from countersign.security import identity
 
 MANIFEST = {"accept": "application/vnd.restate.endpointmanifest.v3+json"}
 
@@ -121,7 +121,7 @@ def test_serve_refuses_to_start_in_production_without_keys(tmp_path: Path, missi
     }
     del keys[missing]
     done = subprocess.run(
-        [sys.executable, "-m", "handlers", "serve", "--bind", f"127.0.0.1:{free_port()}"],
+        [sys.executable, "-m", "countersign", "serve", "--bind", f"127.0.0.1:{free_port()}"],
         cwd=REPO,
         env=serve_env(tmp_path, **keys),
         capture_output=True,

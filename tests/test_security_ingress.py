@@ -24,9 +24,9 @@ from support.business import new_order, refunds_for
 from support.processes import REPO, AppServer, Ingress, RestateServer, wait_until
 from test_operations import cli, inbox, refund_task
 
-from handlers.objects.audit import GENESIS, AuditEntry, AuditLog, _append, verify
-from handlers.objects.shards import books_key
-from handlers.settings import Settings
+from countersign.objects.audit import GENESIS, AuditEntry, AuditLog, _append, verify
+from countersign.objects.shards import books_key
+from countersign.settings import Settings
 
 
 def audit_entries(ingress: Ingress, approval: str) -> list[dict[str, Any]]:
@@ -296,7 +296,7 @@ def test_audit_verify_of_an_empty_or_unreadable_export_verifies_nothing_and_says
 
 def _verify_offline(export: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "handlers", "audit", "verify", str(export), "--offline"],
+        [sys.executable, "-m", "countersign", "audit", "verify", str(export), "--offline"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -316,7 +316,7 @@ def test_reassign_outside_the_policy_is_refused_and_changes_nothing(
     status_before = ingress.status(run_id)["approvals"]
 
     refused = cli(restate_server, "reassign", approval, "--to", "mallory@evil.test", "--reason", "trust me")
-    # The address itself is scrubbed from error text (handlers.security.redact), which bypasses the journal codec.
+    # The address itself is scrubbed from error text (countersign.security.redact), which bypasses the journal codec.
     assert refused.returncode == 1 and "may not decide issue_refund" in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr
     direct = ingress.call("AgentRun", run_id, "reassign", {"approval_id": approval, "to": "Mallory@Evil.test"})
@@ -353,7 +353,7 @@ def test_the_reassign_allow_list_is_validated_and_matches_addresses_and_domains(
 
 def test_a_bad_reassign_allow_list_stops_the_process_at_start() -> None:
     started = subprocess.run(
-        [sys.executable, "-m", "handlers", "serve", "--bind", "127.0.0.1:1"],
+        [sys.executable, "-m", "countersign", "serve", "--bind", "127.0.0.1:1"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -399,7 +399,7 @@ def test_public_handlers_stay_public(app_server: AppServer, restate_server: Rest
 
 def _public_handlers_with_input() -> list[tuple[str, str]]:
     """(service, handler) of every handler of Countersign's that the ingress reaches with an input."""
-    from handlers.runtime.services import countersign_services
+    from countersign.runtime.services import countersign_services
 
     return [
         (service.name, name)

@@ -19,10 +19,10 @@ from support.approver import submit, wait_for_email
 from support.business import new_order
 from support.processes import AppServer, Ingress, RestateServer, StackFactory, wait_until
 
-from handlers.objects.inbox import booked_key
-from handlers.objects.shards import books_key
-from handlers.security.codec import ENVELOPE, ENVELOPE_V2, JournalCipher
-from handlers.settings import parse_journal_keys
+from countersign.objects.inbox import booked_key
+from countersign.objects.shards import books_key
+from countersign.security.codec import ENVELOPE, ENVELOPE_V2, JournalCipher
+from countersign.settings import parse_journal_keys
 
 BINARY_COLUMNS = {"raw", "value", "completion_success_value"}
 
@@ -93,7 +93,7 @@ def test_the_journal_holds_no_plaintext_of_marked_values(
     held = everything_restate_holds(restate_server, run_id) + everything_restate_holds(restate_server, approval)
     for what, value in marked.items():
         assert value not in held, f"the {what} is stored in plaintext"
-    # A finished run keeps no journal (handlers.retention): its record is its state and promises.
+    # A finished run keeps no journal (countersign.retention): its record is its state and promises.
     ids = f"select id from sys_invocation where target_service_key in ('{run_id}', '{approval}')"
     wait_until(
         lambda: not restate_server.sql(f"select id from sys_journal where id in ({ids})"), 20, "the journals to go"

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from support.records import approval_record
 
-from handlers.contract import ApprovalRecord
-from handlers.security import links
+from countersign.contract import ApprovalRecord
+from countersign.security import links
 
 SECRET_1 = b"1" * 32
 SECRET_0 = b"0" * 32

@@ -27,8 +27,8 @@ from support.approver import submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import REPO, AppServer, StackFactory, free_port, make_app_env
 
-from handlers.runtime.server import public_config, restate_config
-from handlers.settings import Settings
+from countersign.runtime.server import public_config, restate_config
+from countersign.settings import Settings
 
 IDLE_TIMEOUT, BODY_TIMEOUT, READ_TIMEOUT = 1.0, 1.5, 2
 PAGE_TIMEOUTS = {
@@ -174,10 +174,10 @@ def test_a_restate_stream_stays_open_far_past_the_pages_timeouts(private_stacks:
 
 
 def test_the_limits_come_from_the_installed_package() -> None:
-    """Not from the current folder: `handlers/runtime/hypercorn.toml` is package data, read as a resource."""
-    assert resources.files("handlers.runtime").joinpath("hypercorn.toml").is_file()
+    """Not from the current folder: `countersign/runtime/hypercorn.toml` is package data, read as a resource."""
+    assert resources.files("countersign.runtime").joinpath("hypercorn.toml").is_file()
     package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert "hypercorn.toml" in package_data["handlers.runtime"]
+    assert "hypercorn.toml" in package_data["countersign.runtime"]
     restate = restate_config("127.0.0.1:9081")
     assert (restate.keep_alive_max_requests, restate.keep_alive_timeout, restate.h2_max_concurrent_streams) == (
         2147483647,
@@ -209,7 +209,7 @@ def test_a_bad_restate_endpoint_bind_stops_serve_with_one_line(tmp_path: Path, e
             "RESTATE_ENDPOINT_BIND": value,
         }
         done = subprocess.run(
-            [sys.executable, "-m", "handlers", "serve", "--bind", f"127.0.0.1:{ports['pages']}"],
+            [sys.executable, "-m", "countersign", "serve", "--bind", f"127.0.0.1:{ports['pages']}"],
             cwd=REPO,
             env=env,
             capture_output=True,

@@ -23,8 +23,8 @@ from support.approver import ApprovalEmail, form_csrf, open_page, submit, wait_f
 from support.business import new_order, refunds_for
 from support.processes import AppServer, Ingress, RestateServer, wait_until
 
-from handlers.approval import confirm
-from handlers.web.views import SECURITY_HEADERS
+from countersign.approval import confirm
+from countersign.web.views import SECURITY_HEADERS
 
 # hypercorn closes a connection whose request body a refusal never read, and a client that reuses
 # it races that close ("Server disconnected"); browsers retry, these tests use fresh connections.

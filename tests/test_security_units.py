@@ -25,11 +25,11 @@ from restate import TerminalError
 from restate.exceptions import RetryableError
 from support.records import approval_record
 
-from handlers.approval import confirm
-from handlers.contract import EMAIL_PATTERN, AgentTask, ApprovalRecord, ReassignRequest
-from handlers.runtime import startup
-from handlers.security import identity
-from handlers.security.codec import (
+from countersign.approval import confirm
+from countersign.contract import EMAIL_PATTERN, AgentTask, ApprovalRecord, ReassignRequest
+from countersign.runtime import startup
+from countersign.security import identity
+from countersign.security.codec import (
     COMPRESS_FROM,
     ENVELOPE,
     ENVELOPE_V1,
@@ -39,10 +39,10 @@ from handlers.security.codec import (
     JournalValueUnreadable,
     journal_codec,
 )
-from handlers.security.redact import ScrubbedError, clean_failures, scrub, scrubbed
-from handlers.settings import Settings, parse_journal_keys
-from handlers.tools import default_registry
-from handlers.tools.policy import ToolPolicy, evaluate
+from countersign.security.redact import ScrubbedError, clean_failures, scrub, scrubbed
+from countersign.settings import Settings, parse_journal_keys
+from countersign.tools import default_registry
+from countersign.tools.policy import ToolPolicy, evaluate
 
 T = TypeVar("T")
 K1, K0 = os.urandom(32), os.urandom(32)
@@ -350,7 +350,7 @@ def test_production_refuses_to_start_without_identity_or_journal_keys(
         startup.check(production(**{**ok, "restate_identity_keys": ""}, **outbox))
     with pytest.raises(SystemExit, match="COUNTERSIGN_JOURNAL_KEYS"):
         startup.check(production(**{**ok, "countersign_journal_keys": ""}, **outbox))
-    with caplog.at_level("WARNING", logger="handlers.runtime.startup"):
+    with caplog.at_level("WARNING", logger="countersign.runtime.startup"):
         startup.check(production(**ok, **outbox))
         assert not caplog.records, "production with its keys starts without a warning"
         startup.check(Settings(countersign_env="dev", approvals_signing_keys="k1:" + "s" * 32, **outbox))  # type: ignore[arg-type]
@@ -408,7 +408,7 @@ def test_scrubbed_steps_fail_without_personal_data_or_causes() -> None:
 def test_scrubbed_keeps_the_signature_the_sdk_reads_for_its_serde() -> None:
     import inspect
 
-    from handlers.agent.run import _model_turn
+    from countersign.agent.run import _model_turn
 
     assert inspect.signature(_model_turn, eval_str=True).return_annotation.__name__ == "Turn"
     assert inspect.iscoroutinefunction(scrubbed(async_noop)) and not inspect.iscoroutinefunction(scrubbed(len))

@@ -30,10 +30,10 @@ from support.serverless import (
     pinned_deployments,
 )
 
-from handlers.ops.cli import parser
-from handlers.runtime.lambda_handler import create_handler
-from handlers.security import identity
-from handlers.settings import Settings
+from countersign.ops.cli import parser
+from countersign.runtime.lambda_handler import create_handler
+from countersign.security import identity
+from countersign.settings import Settings
 
 T = TypeVar("T")
 MANIFEST_V3 = "application/vnd.restate.endpointmanifest.v3+json"
@@ -232,7 +232,7 @@ def test_the_container_file_copies_what_the_app_reads_and_serves_on_port() -> No
     assert stages == ["FROM python:3.11-slim AS wheel", "FROM python:3.11-slim"]
     from_context = [line.split()[1:-1] for line in lines if line.startswith("COPY ") and "--from=" not in line]
     copied = {src for sources in from_context for src in sources}
-    assert {"handlers", "email_templates", "requirements.lock", "pyproject.toml"} <= copied
+    assert {"countersign", "email_templates", "requirements.lock", "pyproject.toml"} <= copied
     assert all((REPO / src).exists() for src in copied)
     # The image runs the built wheel, installed with the locked dependencies, never an editable checkout.
     assert "RUN pip install -c /tmp/requirements.lock /tmp/dist/*.whl \\" in lines
@@ -240,7 +240,7 @@ def test_the_container_file_copies_what_the_app_reads_and_serves_on_port() -> No
     allowed = {line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines() if line[:1] == "!"}
     assert copied <= allowed, "the build context must include every copied path"
     [cmd] = [line for line in lines if line.startswith("CMD ")]
-    assert json.loads(cmd.removeprefix("CMD "))[-1] == "exec python -m handlers serve --bind 0.0.0.0:${PORT}"
+    assert json.loads(cmd.removeprefix("CMD "))[-1] == "exec python -m countersign serve --bind 0.0.0.0:${PORT}"
     # The platform routes one port: the Restate endpoint shares it with the pages.
     assert "RESTATE_ENDPOINT_BIND=shared" in dockerfile
     assert parser().parse_args(["serve", "--bind", "0.0.0.0:8080"]).bind == "0.0.0.0:8080"

@@ -22,10 +22,10 @@ from support.approver import open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, StackFactory, wait_until
 
-from handlers import Registry, load_tools
-from handlers.runtime import startup
-from handlers.settings import Settings
-from handlers.tools import DEMO_TOOLS
+from countersign import Registry, load_tools
+from countersign.runtime import startup
+from countersign.settings import Settings
+from countersign.tools import DEMO_TOOLS
 
 FINANCE, FINANCE_ID, EVE_ID = "finance@example.com", "UFIN", "UEVE"
 POLICY = '[tools.issue_refund]\nchannels = ["email", "slack"]\n'

@@ -11,13 +11,13 @@ from fakes.slack_server import SIGNING_SECRET, signed
 from fakes.slack_server import submit as submission
 from pydantic import SecretStr, ValidationError
 
-from handlers.channels import slack
-from handlers.channels.slack_interactions import NotOurs, authentic, payload_of
-from handlers.channels.slack_interactions import submission as read_submission
-from handlers.contract import ApprovalRecord, Fact
-from handlers.settings import Settings
-from handlers.tools.policy import ToolPolicy, policy_version
-from handlers.web.wording import closed_state
+from countersign.channels import slack
+from countersign.channels.slack_interactions import NotOurs, authentic, payload_of
+from countersign.channels.slack_interactions import submission as read_submission
+from countersign.contract import ApprovalRecord, Fact
+from countersign.settings import Settings
+from countersign.tools.policy import ToolPolicy, policy_version
+from countersign.web.wording import closed_state
 
 
 def record(**changes: object) -> ApprovalRecord:

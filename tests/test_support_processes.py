@@ -1,7 +1,7 @@
 """Self-checks for tests/support/processes.py and the conftest fixtures.
 
-Guarantee: these tests need the restate-server and CLI binaries but not the `handlers` package;
-the AppServer checks run a stand-in `handlers` package written into a temporary directory.
+Guarantee: these tests need the restate-server and CLI binaries but not the `countersign` package;
+the AppServer checks run a stand-in `countersign` package written into a temporary directory.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _assert_reaped(proc: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture()
 def fake_app_dir(tmp_path: Path) -> Path:
-    package = tmp_path / "fake" / "handlers"
+    package = tmp_path / "fake" / "countersign"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "__main__.py").write_text(FAKE_MAIN)

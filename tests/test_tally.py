@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from support.records import approval_record
 
-from handlers.approval import tally
-from handlers.approval.deadlines import next_event
-from handlers.approval.edits import EditRejected, apply_edits
-from handlers.approval.verdict import Verdict, VerdictKind, state_of
-from handlers.tools import default_registry
-from handlers.tools.policy import ToolPolicy
+from countersign.approval import tally
+from countersign.approval.deadlines import next_event
+from countersign.approval.edits import EditRejected, apply_edits
+from countersign.approval.verdict import Verdict, VerdictKind, state_of
+from countersign.tools import default_registry
+from countersign.tools.policy import ToolPolicy
 
 TWO = ToolPolicy(gated=True, approvers=("a@example.com", "b@example.com"), quorum=2)
 

@@ -10,9 +10,9 @@ from markupsafe import Markup
 from support.injection import BIDI, INVISIBLE, hidden_characters
 from support.records import approval_record
 
-from handlers.security.textsafety import finalize, visible
-from handlers.web import wording
-from handlers.web.views import page
+from countersign.security.textsafety import finalize, visible
+from countersign.web import wording
+from countersign.web.views import page
 
 
 def test_every_bidi_and_zero_width_character_becomes_a_visible_marker() -> None:

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-import handlers
-from handlers import ApproverContext, EffectContext, Registry, Tool, ToolPolicy, load_tools
-from handlers.settings import Settings
-from handlers.tools.policy import PolicyError, PolicyVerdict, evaluate
+import countersign
+from countersign import ApproverContext, EffectContext, Registry, Tool, ToolPolicy, load_tools
+from countersign.settings import Settings
+from countersign.tools.policy import PolicyError, PolicyVerdict, evaluate
 
 FINANCE = ("finance@example.com",)
 
@@ -49,12 +49,14 @@ def effect(args: Any, ctx: EffectContext) -> dict[str, Any]:
 
 def test_the_public_api_is_documented_and_light() -> None:
     for name in ("Tool", "ToolPolicy", "EditRule", "ToolError", "EffectContext", "Registry", "ApproverContext"):
-        assert name in handlers.__all__
-    probe = "import sys, handlers; print(sorted(m for m in sys.modules if m.startswith(('handlers.', 'restate'))))"
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert "handlers.runtime.app" not in loaded and "handlers.agent.run" not in loaded and "'restate" not in loaded, (
-        loaded
+        assert name in countersign.__all__
+    probe = (
+        "import sys, countersign; print(sorted(m for m in sys.modules if m.startswith(('countersign.', 'restate'))))"
     )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert (
+        "countersign.runtime.app" not in loaded and "countersign.agent.run" not in loaded and "'restate" not in loaded
+    ), loaded
 
 
 def test_five_fields_define_a_tool_with_sensible_defaults() -> None:
@@ -201,7 +203,7 @@ def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
     def write(body: str) -> str:
         name = f"own_tools_{next(_names)}"
-        header = "from pydantic import BaseModel\nfrom handlers import Tool, ToolPolicy\n"
+        header = "from pydantic import BaseModel\nfrom countersign import Tool, ToolPolicy\n"
         header += "class A(BaseModel):\n    n: int\ndef fx(args, ctx):\n    return {}\n"
         (tmp_path / f"{name}.py").write_text(header + textwrap.dedent(body))
         return name
@@ -223,7 +225,7 @@ def refusal(spec: str, policy_file: Path | None = None) -> str:
 
 def test_loading_tools_by_import_path(module: Any) -> None:
     first = module(f"TOOLS = [{tool_line('a')}]")
-    second = module(f"from handlers import Registry\nREG = Registry([{tool_line('b')}])")
+    second = module(f"from countersign import Registry\nREG = Registry([{tool_line('b')}])")
     assert [t.name for t in load_tools(f"{first}:TOOLS,{second}:REG")] == ["a", "b"]
 
 
@@ -246,7 +248,7 @@ def test_a_missing_attribute_is_refused(module: Any) -> None:
 def test_something_that_is_not_tools_is_refused(module: Any) -> None:
     name = module(f"ONE = {tool_line('a')}\nMIXED = [{tool_line('a')}, 'b']\n")
     assert "is a Tool, not a list of Tool or a Registry" in refusal(f"{name}:ONE")
-    assert "item 1 is a str, not a handlers.Tool" in refusal(f"{name}:MIXED")
+    assert "item 1 is a str, not a countersign.Tool" in refusal(f"{name}:MIXED")
 
 
 def test_duplicate_names_are_refused(module: Any) -> None:

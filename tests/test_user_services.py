@@ -16,8 +16,8 @@ from support.approver import submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import StackFactory, free_port, make_app_env
 
-from handlers.runtime.app import create_app
-from handlers.settings import Settings
+from countersign.runtime.app import create_app
+from countersign.settings import Settings
 
 MANIFEST_V3 = "application/vnd.restate.endpointmanifest.v3+json"
 USER_MODULE = """
@@ -56,7 +56,7 @@ def project(tmp_path: Path) -> Path:
     (package / "services.py").write_text(textwrap.dedent(USER_MODULE))
     (package / "broken.py").write_text("raise RuntimeError('boom at import')\n")
     (package / "typo.py").write_text(
-        "from handlers.integrations.pydantic_ai import CountersignToolset\n"
+        "from countersign.integrations.pydantic_ai import CountersignToolset\n"
         "toolset = CountersignToolset(['issue_refnd'])  # a Pydantic AI agent's tools, misspelt\n"
     )
     return package.parent
@@ -111,7 +111,7 @@ def test_a_bad_services_setting_stops_serve_at_start_with_one_line(project: Path
     }
     bind = f"127.0.0.1:{free_port()}"
     done = subprocess.run(
-        [sys.executable, "-m", "handlers", "serve", "--bind", bind],
+        [sys.executable, "-m", "countersign", "serve", "--bind", bind],
         cwd=project,
         env=env,
         capture_output=True,

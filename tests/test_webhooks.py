@@ -19,8 +19,8 @@ from support.processes import REPO, IsolatedStack, StackFactory, free_port, make
 from test_gate_library import USER_MODULE
 from test_operations import cli
 
-from handlers.events.delivery import WebhookEvent, _plan, event_id
-from handlers.settings import Settings, parse_webhooks
+from countersign.events.delivery import WebhookEvent, _plan, event_id
+from countersign.settings import Settings, parse_webhooks
 
 APPROVAL_EVENTS = ["approval.requested", "approval.decided", "action.executed"]
 T = TypeVar("T")
@@ -137,7 +137,7 @@ def test_a_bad_endpoint_setting_stops_the_process_at_start(tmp_path: Path, value
     }
     bind = f"127.0.0.1:{free_port()}"
     proc = subprocess.run(
-        [sys.executable, "-m", "handlers", "serve", "--bind", bind],
+        [sys.executable, "-m", "countersign", "serve", "--bind", bind],
         env=env,
         cwd=REPO,
         capture_output=True,
@@ -186,7 +186,7 @@ def test_a_down_receiver_delays_no_run_and_then_gets_every_event_once_in_order(i
         assert first_tries["approval.requested"] > 1 and first_tries["run.finished"] > 1, first_tries
         # Nothing raced here: each event reached each receiver exactly once, not only once after dedupe.
         assert set(receiver.ids_seen().values()) == {1} and set(other.ids_seen().values()) == {1}
-        # Where an operator sees it: `python -m handlers show`.
+        # Where an operator sees it: `python -m countersign show`.
         shown = cli(stack.restate, "show", "wh-down", "--json")
         assert shown.returncode == 0, shown.stderr
         assert {(o["endpoint"], o["outcome"]) for o in json.loads(shown.stdout)["webhooks"]} == {

@@ -32,14 +32,14 @@ PIP_TIMEOUT = 600
 
 
 class InstalledApp(AppServer):
-    """`python -m handlers serve` run by the wheel's venv instead of this interpreter."""
+    """`python -m countersign serve` run by the wheel's venv instead of this interpreter."""
 
     python: ClassVar[str] = ""
 
     @classmethod
     def _command(cls, port: int) -> list[str]:
         assert cls.python, "set InstalledApp.python to the venv's interpreter first"
-        return [cls.python, "-m", "handlers", "serve", "--bind", f"127.0.0.1:{port}"]
+        return [cls.python, "-m", "countersign", "serve", "--bind", f"127.0.0.1:{port}"]
 
 
 def pip(*args: str, python: str = sys.executable) -> None:
@@ -94,12 +94,12 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_carries_every_module_and_the_package_data(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    modules = {path for path in tracked_files("handlers") if path.endswith(".py")}
+    modules = {path for path in tracked_files("countersign") if path.endswith(".py")}
     assert modules and not modules - names, f"missing from the wheel: {sorted(modules - names)}"
-    templates = {f"handlers/mail/{path}" for path in tracked_files("email_templates")}
+    templates = {f"countersign/mail/{path}" for path in tracked_files("email_templates")}
     assert templates and not templates - names, f"missing from the wheel: {sorted(templates - names)}"
-    assert "handlers/runtime/hypercorn.toml" in names
-    pages = set(tracked_files("handlers/web/templates"))
+    assert "countersign/runtime/hypercorn.toml" in names
+    pages = set(tracked_files("countersign/web/templates"))
     assert pages and pages <= names
 
 
@@ -125,7 +125,11 @@ def test_the_installed_wheel_serves_one_approval_from_outside_the_checkout(
     folder = tmp_path / "deploy"  # what a deployment has: no source tree, no email_templates/
     folder.mkdir()
     located = subprocess.run(
-        [str(venv), "-c", "import handlers, handlers.mail.render as r; print(handlers.__file__, r.template_dir())"],
+        [
+            str(venv),
+            "-c",
+            "import countersign, countersign.mail.render as r; print(countersign.__file__, r.template_dir())",
+        ],
         cwd=folder,
         env={"PATH": "/usr/bin:/bin"},
         capture_output=True,
@@ -152,7 +156,7 @@ def test_the_installed_wheel_serves_one_approval_from_outside_the_checkout(
         try:
             # The packaged limits are in force on the Restate listener: hypercorn's default would
             # advertise 100 streams (and so does the public listener, on purpose).
-            packaged = tomllib.loads((site_packages(venv) / "handlers" / "runtime" / "hypercorn.toml").read_text())
+            packaged = tomllib.loads((site_packages(venv) / "countersign" / "runtime" / "hypercorn.toml").read_text())
             limit = packaged["restate"]["h2_max_concurrent_streams"]
             assert h2_settings_of(app.restate_port)[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] == limit
             assert limit == 2147483647
@@ -184,7 +188,7 @@ def test_dev_from_the_installed_wheel_says_it_needs_a_checkout_and_writes_nothin
     # The dev stack starts the checkout's pinned restate-server with its restate.toml; neither is in the
     # wheel. A new user who tries it gets one line that says where it runs instead, and an untouched folder.
     done = subprocess.run(
-        [str(venv), "-m", "handlers", "dev"],
+        [str(venv), "-m", "countersign", "dev"],
         cwd=tmp_path,
         env={"PATH": "/usr/bin:/bin"},
         capture_output=True,
@@ -192,7 +196,7 @@ def test_dev_from_the_installed_wheel_says_it_needs_a_checkout_and_writes_nothin
         timeout=60,
     )
     assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr.startswith("`python -m handlers dev` runs from a source checkout"), done.stderr
+    assert done.stderr.startswith("`python -m countersign dev` runs from a source checkout"), done.stderr
     assert "run scripts/dev there" in done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
     assert list(tmp_path.iterdir()) == [], "nothing written: no .restate/ keys, no .outbox/"

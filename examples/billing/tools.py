@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from handlers import ApproverContext, EditRule, EffectContext, Tool, ToolError, ToolPolicy
+from countersign import ApproverContext, EditRule, EffectContext, Tool, ToolError, ToolPolicy
 
 ACCOUNT_MANAGERS = {"default": "ops@acme.example", "globex": "globex-manager@acme.example"}
 

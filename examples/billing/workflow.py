@@ -14,7 +14,7 @@ from typing import Any
 import restate
 from pydantic import BaseModel, Field
 
-from handlers import gated_call
+from countersign import gated_call
 
 
 class Collect(BaseModel):

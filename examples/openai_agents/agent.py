@@ -22,7 +22,7 @@ from agents import Agent, RunConfig, RunContextWrapper
 from agents.models.multi_provider import MultiProvider
 from pydantic import BaseModel, Field
 
-from handlers.integrations.openai_agents import countersign_tool, run_gated
+from countersign.integrations.openai_agents import countersign_tool, run_gated
 
 INSTRUCTIONS = (
     "You handle refund requests for an online shop. Use issue_refund to refund an order and "

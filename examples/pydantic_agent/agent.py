@@ -36,7 +36,7 @@ from pydantic_ai.models import Model, infer_model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from restate.ext.pydantic import RestateAgent
 
-from handlers.integrations.pydantic_ai import Countersign, CountersignToolset
+from countersign.integrations.pydantic_ai import Countersign, CountersignToolset
 
 MODEL_SETTING = "ACME_AGENT_MODEL"
 

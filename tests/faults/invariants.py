@@ -1,5 +1,5 @@
 """The invariants a fault session must end with, checked from what the system left behind: the
-SQLite business database, the outbox, the audit trail (`python -m handlers audit export`), the runs'
+SQLite business database, the outbox, the audit trail (`python -m countersign audit export`), the runs'
 results and status, and Restate's own SQL introspection.
 
 Guarantee: every check is counted and every violation collected (not just the first), so a failing
@@ -22,10 +22,10 @@ from typing import Any
 from fakes.resend_server import FakeResend
 from support.processes import REPO, IsolatedStack
 
+from countersign.approval.gate import action_digest
+from countersign.mail.intent import APPROVER_KINDS
 from faults.mail import Mail, MailSource
 from faults.people import Cancel, Click
-from handlers.approval.gate import action_digest
-from handlers.mail.intent import APPROVER_KINDS
 
 EXECUTED = {"approved", "approved_with_edits", "autonomous"}
 STUCK = ("paused", "backing-off")
@@ -65,7 +65,7 @@ class Evidence:
 
 
 def cli(stack: IsolatedStack, *args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m handlers ...` against this stack, as an operator would run it."""
+    """`python -m countersign ...` against this stack, as an operator would run it."""
     env = {
         **os.environ,
         **stack.env,
@@ -74,7 +74,7 @@ def cli(stack: IsolatedStack, *args: str) -> subprocess.CompletedProcess[str]:
     }
     env.pop("COUNTERSIGN_FAULT", None)
     return subprocess.run(
-        [sys.executable, "-m", "handlers", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "countersign", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=120
     )
 
 

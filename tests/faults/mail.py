@@ -19,7 +19,7 @@ from typing import Protocol
 from fakes.resend_server import FakeResend
 from support.approver import LINK
 
-from handlers.mail.intent import from_tag_value
+from countersign.mail.intent import from_tag_value
 
 
 @dataclass(frozen=True)

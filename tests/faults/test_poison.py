@@ -18,7 +18,7 @@ from support.approver import form_csrf, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import AppServer, Ingress, IsolatedStack, RestateServer
 
-from handlers.contract import MAX_TOOL_ARGS_BYTES
+from countersign.contract import MAX_TOOL_ARGS_BYTES
 
 FORM = "application/x-www-form-urlencoded"
 

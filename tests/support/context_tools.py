@@ -10,8 +10,8 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
-from handlers.demo.tools import DEMO_TOOLS, EmailCustomerArgs
-from handlers.tools.registry import EffectContext
+from countersign.demo.tools import DEMO_TOOLS, EmailCustomerArgs
+from countersign.tools.registry import EffectContext
 
 _EMAIL = next(t for t in DEMO_TOOLS if t.name == "email_customer")
 

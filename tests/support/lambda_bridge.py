@@ -3,7 +3,7 @@
 Run as `python tests/support/lambda_bridge.py --bind 127.0.0.1:PORT`. Each request becomes the event
 restate-server sends to a Lambda function (`path`, `httpMethod`, `headers`, base64 `body`,
 `isBase64Encoded: true`; see restate's service-client `ApiGatewayProxyRequest`) and is passed to
-`handlers.runtime.lambda_handler.handler` in this process, one at a time on one thread, as one Lambda
+`countersign.runtime.lambda_handler.handler` in this process, one at a time on one thread, as one Lambda
 instance would. The handler's response dict is written back as the HTTP response. `GET /healthz`
 is answered by the bridge itself. Each event is logged as `lambda event: METHOD PATH -> STATUS`.
 
@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from restate.server_types import RestateLambdaRequest, RestateLambdaResponse
 
-from handlers.runtime.lambda_handler import handler
+from countersign.runtime.lambda_handler import handler
 
 # Lambda runs one event at a time per instance; the SDK adapter also keeps its event loop per thread.
 _instance = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lambda")

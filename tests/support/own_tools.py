@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from handlers import ApproverContext, EffectContext, Tool, ToolError, ToolPolicy
+from countersign import ApproverContext, EffectContext, Tool, ToolError, ToolPolicy
 
 
 class Vendor(BaseModel):

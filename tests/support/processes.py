@@ -30,9 +30,9 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar, cast
 
 import httpx
 
-from handlers.security import identity
-from handlers.security.codec import JournalCipher
-from handlers.settings import SHARED_LISTENER, parse_journal_keys
+from countersign.security import identity
+from countersign.security.codec import JournalCipher
+from countersign.settings import SHARED_LISTENER, parse_journal_keys
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_MODULES = REPO / "node_modules"
@@ -442,7 +442,7 @@ class RestateServer:
 
 @dataclass
 class AppServer:
-    """The `python -m handlers serve` process, on fixed ports across restarts: the pages on `port`,
+    """The `python -m countersign serve` process, on fixed ports across restarts: the pages on `port`,
     the Restate endpoint on `restate_port` (RESTATE_ENDPOINT_BIND), unless `env` says `shared`."""
 
     proc: subprocess.Popen[bytes]
@@ -482,7 +482,7 @@ class AppServer:
 
     @staticmethod
     def _command(port: int) -> list[str]:
-        return [sys.executable, "-m", "handlers", "serve", "--bind", f"127.0.0.1:{port}"]
+        return [sys.executable, "-m", "countersign", "serve", "--bind", f"127.0.0.1:{port}"]
 
     @staticmethod
     def _process_env(env: dict[str, str]) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from handlers.contract import ApprovalRecord
+from countersign.contract import ApprovalRecord
 
 _BASELINE = ApprovalRecord(
     approval_id="run-1-a2",

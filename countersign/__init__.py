@@ -1,0 +1,78 @@
+"""Countersign: durable, emailed human approval for AI agent actions, on Restate.
+
+The public face. Define your own tools (load them with `COUNTERSIGN_TOOLS=package.module:ATTR`):
+
+    from countersign import Tool, ToolPolicy
+
+    TOOLS = [Tool(name="pay_invoice", description="Pay an invoice.", args_model=PayArgs,
+                  effect=pay, policy=ToolPolicy(gated=True, when="amount > 1000",
+                                                approvers=("finance@example.com",)))]
+
+and gate a call from any Restate handler (Workflow, Virtual Object, Service):
+
+    outcome = await request_approval(ctx, tool="pay_invoice", args=..., requester=...)   # decide only
+    record = await gated_call(ctx, tool="pay_invoice", args=..., requester=...)          # the whole action
+    plan = await request_plan_approval(ctx, plan={"steps": [...]}, requester=...)       # approve a plan once
+    record = await gated_call(ctx, tool="pay_invoice", args=..., requester=..., plan=plan)  # inside it: no new approval
+
+Importing this package builds no Restate app and reads no settings; the gate's calls (which need the
+Restate SDK) load on first use. Everything not listed in `__all__` may change between releases.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from countersign.tools.policy import (
+    ApproverContext,
+    ApproverSource,
+    Condition,
+    PlanPolicy,
+    PolicyError,
+    PolicyVerdict,
+    ToolPolicy,
+)
+from countersign.tools.registry import EditRule, EffectContext, Registry, Tool, ToolError, load_tools
+
+if TYPE_CHECKING:
+    from countersign.approval.calls import ApprovalOutcome, gated_call, request_approval, request_plan_approval
+    from countersign.approval.plan import ApprovedPlan
+    from countersign.runtime.app import create_app
+
+_GATE = ("ApprovalOutcome", "gated_call", "request_approval", "request_plan_approval")
+
+__all__ = [
+    "ApprovalOutcome",
+    "ApprovedPlan",
+    "ApproverContext",
+    "ApproverSource",
+    "Condition",
+    "EditRule",
+    "EffectContext",
+    "PlanPolicy",
+    "PolicyError",
+    "PolicyVerdict",
+    "Registry",
+    "Tool",
+    "ToolError",
+    "ToolPolicy",
+    "create_app",
+    "gated_call",
+    "load_tools",
+    "request_approval",
+    "request_plan_approval",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _GATE:
+        from countersign.approval import calls as approval_calls
+
+        return getattr(approval_calls, name)
+    if name == "ApprovedPlan":
+        from countersign.approval.plan import ApprovedPlan
+
+        return ApprovedPlan
+    if name == "create_app":
+        from countersign.runtime.app import create_app
+
+        return create_app
+    raise AttributeError(f"module 'countersign' has no attribute {name!r}")

@@ -1,0 +1,608 @@
+"""The gate's two public calls, for any Restate handler, and the agent's batched form of them.
+
+Guarantee: the caller's side of an approval is one journaled step (validate the arguments, ask the
+policy, open the first round: nonce and time) and one durable call to the `Approval` workflow, so a
+replay re-routes nothing and a crash of the caller loses nothing: the approval waits in its own
+workflow, and the caller, suspended on the call, resumes with its result on whatever process is
+alive. Works the same from a Workflow, a Virtual Object or a Service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any, cast
+
+import pydantic_core
+import restate
+from pydantic import BaseModel, Field, ValidationError
+from restate import RunOptions, TerminalError
+
+from countersign.approval import ledger
+from countersign.approval.gate import Act, GateResult, act_on_deferred, freeze
+from countersign.approval.handover import results_or_cancel
+from countersign.approval.plan import ApprovedPlan, OnDeviation, route_call
+from countersign.approval.plan_calls import ask_plan_approval, refused_deviation, run_in_plan
+from countersign.approval.rounds import Opening, open_round
+from countersign.approval.run_state import RunBook, RunFacts, RunState
+from countersign.approval.trail import trail_of
+from countersign.approval.waiting import Waiter, notify_batch
+from countersign.approval.workflow import ApprovalRequest
+from countersign.approval.workflow import run as approval_run
+from countersign.compact import Compact
+from countersign.contract import (
+    EMAIL_PATTERN,
+    MAX_GOAL,
+    MAX_TOOL_ARGS_BYTES,
+    MAX_WHY,
+    NAME_PATTERN,
+    ActionRecord,
+    DecisionSource,
+    Outcome,
+    Plan,
+    TrailStep,
+)
+from countersign.events import emit as events
+from countersign.objects import bookkeeping
+from countersign.objects.audit import AuditEntry
+from countersign.security import links
+from countersign.tools import default_registry
+from countersign.tools.checkpoints import results_of
+from countersign.tools.context import ActionContext, read_context, read_facts
+from countersign.tools.execute import idempotency_key, run_tool
+from countersign.tools.policy import PolicyError, PolicyVerdict, evaluate
+from countersign.tools.registry import Tool, validation_message
+
+
+class ApprovalOutcome(BaseModel):
+    """What `request_approval` returns: the verdict and, when approved, the arguments approved."""
+
+    verdict: Outcome
+    """approved, approved_with_edits, rejected, expired, cancelled, undeliverable, failed (the approved
+    edits no longer validate), autonomous (the policy lets this call run alone), invalid (bad arguments)."""
+    args: dict[str, Any] | None = None
+    """The arguments to run: the frozen ones, or with the approver's edits (None unless approved)."""
+    proposed_args: dict[str, Any] = Field(default_factory=dict)
+    """The arguments as proposed; for arguments that did not validate, only what can be written back
+    as JSON (see `_proposed`), else empty."""
+    edits: dict[str, Any] | None = None
+    approved_by: list[str] = Field(default_factory=list)
+    reason: str | None = None
+    decision_source: DecisionSource | None = None
+    approval_id: str | None = None
+    run_id: str
+    index: int
+
+    @property
+    def approved(self) -> bool:
+        return self.verdict in (Outcome.APPROVED, Outcome.APPROVED_WITH_EDITS, Outcome.AUTONOMOUS)
+
+
+class _Asked(BaseModel):
+    """The journaled answer of the caller's one step: the validated call and what the policy says."""
+
+    args: dict[str, Any] = Field(default_factory=dict)
+    summary: str = ""
+    verdict: PolicyVerdict | None = None
+    opening: Opening | None = None
+    error: str | None = None
+    failed: bool = False
+    """The call was valid but its policy could not be resolved (`failed`, not `invalid`)."""
+    confidence: float | None = None
+    context: ActionContext | None = None
+    """The tool's facts for the approver, read in this step when the policy gated the call (None:
+    not read here, under an approved plan: then they are read when the approval is frozen)."""
+
+
+_POLICY_STEP = RunOptions[Any](
+    serde=Compact(_Asked), max_attempts=3, initial_retry_interval=timedelta(milliseconds=100)
+)
+
+
+def _ask(
+    tool_name: str,
+    raw: dict[str, Any],
+    requester: str,
+    tenant: str,
+    confidence: float | None = None,
+    results: dict[str, Any] | None = None,
+) -> _Asked:
+    tool = default_registry().get(tool_name)
+    if tool is None:
+        return _Asked(error=f"unknown tool {tool_name!r}; available: {', '.join(default_registry().names())}")
+    try:
+        validated = tool.validate(raw)
+    except ValidationError as exc:
+        return _Asked(error=f"invalid arguments: {validation_message(exc)}")
+    args = validated.model_dump(mode="json")
+    try:
+        verdict = evaluate(
+            tool.name,
+            tool.policy,
+            validated,
+            requester=requester,
+            tenant=tenant,
+            confidence=confidence,
+            results=results,
+        )
+    except PolicyError as exc:  # e.g. approvers from a callable that named nobody valid: nothing runs
+        return _Asked(args=args, error=f"not run: {exc}", failed=True)
+    verdict.webhooks = events.wanted(tenant)
+    opening = open_round() if verdict.gated else None
+    return _Asked(args=args, summary=tool.summary(validated), verdict=verdict, opening=opening, confidence=confidence)
+
+
+async def _ask_and_read(
+    tool_name: str,
+    raw: dict[str, Any],
+    requester: str,
+    tenant: str,
+    run_id: str,
+    index: int,
+    confidence: float | None = None,
+    results: dict[str, Any] | None = None,
+    facts: bool = True,
+) -> _Asked:
+    """The body of the policy step: the policy's answer (in a thread: an approver callable may
+    block), then, for a gated call and with `facts`, the tool's facts on the event loop, where a
+    tool's async functions run; in this step, they cost no round trip of their own before the email."""
+    asked = await asyncio.to_thread(_ask, tool_name, raw, requester, tenant, confidence, results)
+    if asked.opening is not None and facts:
+        asked.context = await read_facts(
+            tool_name, asked.args, index, run_id=run_id, tenant=tenant, requester=requester
+        )
+    return asked
+
+
+# Calls made by one invocation, in order: the default index of the next one. The count restarts
+# with every attempt of the invocation and replays in the same order, so it is deterministic.
+_CALLS: weakref.WeakKeyDictionary[restate.Context, int] = weakref.WeakKeyDictionary()
+
+
+def _where(ctx: restate.Context, run_id: str | None, index: int | None) -> tuple[str, int]:
+    if index is None:
+        index = _CALLS.get(ctx, 0)
+        _CALLS[ctx] = index + 1
+    run_id = run_id or ctx.request().id
+    # Refused before anything is sent: an approval whose link the pages refuse could only expire.
+    if (problem := links.placement_problem(run_id, index)) is not None:
+        raise TerminalError(problem, 400)
+    return run_id, index
+
+
+def _proposed(args: object) -> dict[str, Any]:
+    """What an outcome whose arguments did not validate carries back as `proposed_args`: the
+    arguments as JSON when they are a mapping that pydantic writes as at most MAX_TOOL_ARGS_BYTES,
+    else nothing (the reason says what was wrong). The caller returns the outcome as its own result,
+    `model_dump(mode="json")`: arguments nested past pydantic's depth limit, or of a type it cannot
+    write, would fail there, after the gate answered, and the invocation would retry forever."""
+    if not isinstance(args, Mapping):
+        return {}
+    try:
+        written = pydantic_core.to_json(dict(args))
+    except ValueError:  # PydanticSerializationError: too deep, or a value it cannot write
+        return {}
+    if len(written) > MAX_TOOL_ARGS_BYTES:
+        return {}
+    proposed: dict[str, Any] = json.loads(written)
+    return proposed
+
+
+def _check_people(requester: str, tenant: str) -> None:
+    if not re.fullmatch(EMAIL_PATTERN, requester):
+        raise TerminalError(f"requester {requester[:80]!r} is not an email address", 400)
+    if not re.fullmatch(NAME_PATTERN, tenant):
+        raise TerminalError(f"tenant {tenant[:80]!r} must match {NAME_PATTERN}", 400)
+
+
+def _described(why: object, goal: object) -> tuple[str, str]:
+    """`why` and `goal` as they are stored and shown: text (None is none), each cut to the contract's
+    bound (`MAX_WHY`, `MAX_GOAL`, as an agent's task and script take them), the cut marked with "…".
+    Cut, not refused: they tell the approver about the call but are never what is approved (the
+    digest binds the arguments), and they are often the model's own words or a run's whole prompt,
+    whose length should not fail the action. Anything but text is a terminal 400."""
+    described = []
+    for name, text, limit in (("why", why, MAX_WHY), ("goal", goal, MAX_GOAL)):
+        if text is not None and not isinstance(text, str):
+            raise TerminalError(f"{name} must be text, not {type(text).__name__}", 400)
+        text = text or ""
+        described.append(text if len(text) <= limit else text[: limit - 1] + "…")
+    return described[0], described[1]
+
+
+async def _open(
+    ctx: restate.Context,
+    tool: str | Tool,
+    args: Mapping[str, Any],
+    requester: str,
+    tenant: str,
+    run_id: str | None,
+    index: int | None,
+    confidence: float | None = None,
+    results: Mapping[str, Any] | Sequence[ActionRecord] | None = None,
+    facts: bool = True,
+) -> tuple[str, int, str, _Asked]:
+    _check_people(requester, tenant)
+    name = tool if isinstance(tool, str) else tool.name
+    where, at = _where(ctx, run_id, index)
+    if not isinstance(args, Mapping):  # e.g. a list: an answer of its own, no step (nothing to ask)
+        shape = f"invalid arguments: expected an object of argument names and values, not {type(args).__name__}"
+        return where, at, name, _Asked(error=shape)
+    earlier = results_of(results) if isinstance(results, Sequence) else dict(results or {})
+    asked = await ctx.run_typed(
+        f"ask policy {name} #{at}",
+        _ask_and_read,
+        _POLICY_STEP,
+        tool_name=name,
+        raw=dict(args),
+        requester=requester,
+        tenant=tenant,
+        run_id=where,
+        index=at,
+        confidence=confidence,
+        results=earlier,
+        facts=facts,
+    )
+    return where, at, name, asked
+
+
+async def _approval(
+    ctx: restate.Context,
+    facts: RunFacts,
+    name: str,
+    index: int,
+    asked: _Asked,
+    why: str,
+    act: Act,
+    trail: Sequence[ActionRecord | TrailStep],
+    deviation: str | None = None,
+) -> GateResult:
+    assert asked.verdict is not None and asked.opening is not None
+    tool = default_registry().get(name)
+    assert tool is not None
+    context = asked.context
+    if context is None:  # not read in the policy step (see countersign.tools.context)
+        context = await read_context(
+            ctx, name, asked.args, index, run_id=facts.run_id, tenant=facts.tenant, requester=facts.requester
+        )
+    record = freeze(
+        facts,
+        tool,
+        index,
+        asked.args,
+        why,
+        asked.summary,
+        asked.verdict,
+        asked.opening,
+        context=context,
+        trail=trail_of(trail),
+        confidence=asked.confidence,
+    )
+    record.deviation = deviation
+    # The request email goes out from this journal, so the approval's own start is not on the path
+    # to it (the page waits, bounded, for the record if a person is faster than the workflow).
+    # Never saved (the caller may be a Service, which keeps no state): it only carries the audit entries.
+    book = RunBook(cast(restate.WorkflowContext, ctx), RunState(**facts.model_dump()))
+    [delivered] = await _ask_people(book, [Waiter(book, record, asked.verdict.policy)])
+    request = ApprovalRequest(
+        record=record, policy=asked.verdict, goal=facts.goal, model=facts.model, act=act, delivered=delivered
+    )
+    try:
+        return await ctx.workflow_call(approval_run, key=record.approval_id, arg=request)
+    except TerminalError as exc:
+        # Restate runs a workflow once per key: this placement was asked before (its approval keeps
+        # its own outcome, and nothing ran again). Say so in the caller's terms, not Restate's.
+        if exc.status_code != 409:
+            raise
+        raise TerminalError(
+            f"approval {record.approval_id} was already asked (run_id {record.run_id!r}, index {index}): "
+            "a run_id and index place one approval, once; pass a new run_id or index to ask again",
+            409,
+        ) from None
+
+
+async def _ask_people(book: RunBook, waiters: list[Waiter]) -> list[int]:
+    """Email the approvers of these approvals from the caller's journal (one email per approver for
+    a batch), and send what the audit trail and inboxes learn; the accepted sends per approval.
+    The caller then starts each approval's workflow with that count, and the workflow only waits."""
+    for waiter in waiters:
+        ledger.requested(book, waiter.record)
+    if len(waiters) > 1:
+        sent = await notify_batch(book, waiters)
+        delivered = [sent[i] for i in range(len(waiters))]
+    else:
+        delivered = [await waiters[0].notify("request", waiters[0].open_slots())]
+    # The caller's audit entries (the request and its emails) reach the trail before the approval's.
+    ledger.flush(book)
+    return delivered
+
+
+async def request_approval(
+    ctx: restate.Context,
+    *,
+    tool: str | Tool,
+    args: Mapping[str, Any],
+    requester: str,
+    tenant: str = "default",
+    why: str = "",
+    goal: str = "",
+    run_id: str | None = None,
+    index: int | None = None,
+    trail: Sequence[ActionRecord | TrailStep] = (),
+    confidence: float | None = None,
+    results: Mapping[str, Any] | Sequence[ActionRecord] | None = None,
+) -> ApprovalOutcome:
+    """Ask a person before `tool` runs with `args`, and wait (durably, for days if need be) for the
+    decision. The policy of the tool decides whether to ask, whom, and how long to wait; nothing runs
+    here: an approved outcome carries the arguments to run (edited by the approver, if allowed).
+
+    `run_id` and `index` place the approval (its id is `<run_id>-a<index>`, the idempotency key of its
+    effect `<run_id>/<index>`); by default the invocation id and the count of earlier calls.
+
+    Checkpoints: `confidence` is what the model reported in this call (0..1; None: not reported) and
+    `results` the earlier results of the same run (tool name -> result, or the earlier ActionRecords,
+    whose latest result per tool counts), for a policy's `gate_below_confidence` and `checks`.
+
+    `why` and `goal` are cut to 2,000 and 4,000 characters (`MAX_WHY`, `MAX_GOAL`)."""
+    why, goal = _described(why, goal)
+    where, at, name, asked = await _open(ctx, tool, args, requester, tenant, run_id, index, confidence, results)
+    proposed = asked.args or _proposed(args)
+    base = ApprovalOutcome(verdict=Outcome.INVALID, run_id=where, index=at, proposed_args=proposed)
+    if asked.error is not None:
+        verdict = Outcome.FAILED if asked.failed else Outcome.INVALID
+        return base.model_copy(update={"verdict": verdict, "reason": asked.error})
+    if asked.opening is None:
+        return base.model_copy(update={"verdict": Outcome.AUTONOMOUS, "args": asked.args})
+    facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
+    result = await _approval(ctx, facts, name, at, asked, why, act="report", trail=trail)
+    action = result.action
+    return base.model_copy(
+        update={
+            "verdict": action.outcome,
+            "args": action.args,
+            "edits": action.edits,
+            "approved_by": action.approved_by,
+            "reason": action.reason,
+            "decision_source": action.decision_source,
+            "approval_id": action.approval_id,
+        }
+    )
+
+
+async def gated_call(
+    ctx: restate.Context,
+    *,
+    tool: str | Tool,
+    args: Mapping[str, Any],
+    requester: str,
+    tenant: str = "default",
+    why: str = "",
+    goal: str = "",
+    run_id: str | None = None,
+    index: int | None = None,
+    trail: Sequence[ActionRecord | TrailStep] = (),
+    plan: ApprovedPlan | None = None,
+    confidence: float | None = None,
+    results: Mapping[str, Any] | Sequence[ActionRecord] | None = None,
+) -> ActionRecord:
+    """The whole gated action: policy, then (if it asks) the approval, the precondition re-check and
+    the effect under its idempotency key `<run_id>/<index>`; the action's record (outcome, arguments as
+    executed, result). A call the policy lets run alone runs at once, in the caller's own step.
+
+    With `plan` (from `request_plan_approval`): a call inside the approved plan runs at once, linked
+    to the plan's approval (`plan_approval_id`) and counted against it, unless a checkpoint stopped
+    it or its tool needs a quorum or is high stakes for these arguments (then it is asked on its own,
+    as without a plan, and not counted); a gated call outside it is a
+    deviation, asked again (the email and page say how it deviates) or refused, as the plan says.
+    `confidence` and `results` feed the policy's checkpoints, and `why` and `goal` are cut, as for
+    `request_approval`."""
+    why, goal = _described(why, goal)
+    # Under a plan a gated call may run at once (inside it): its facts are read only if it is asked.
+    where, at, name, asked = await _open(
+        ctx, tool, args, requester, tenant, run_id, index, confidence, results, facts=plan is None
+    )
+    if asked.error is not None:
+        outcome = Outcome.FAILED if asked.failed else Outcome.INVALID
+        proposed = asked.args or _proposed(args)
+        return ActionRecord(index=at, tool=name, proposed_args=proposed, outcome=outcome, result={"error": asked.error})
+    route = route_call(plan, asked.verdict, name, asked.args)
+    if route.kind == "inside":
+        assert plan is not None
+        return await run_in_plan(
+            ctx,
+            name,
+            asked.args,
+            plan,
+            run_id=where,
+            index=at,
+            tenant=tenant,
+            requester=requester,
+            webhooks=asked.verdict.webhooks if asked.verdict else True,
+        )
+    if asked.opening is None:
+        version, webhooks = (asked.verdict.version, asked.verdict.webhooks) if asked.verdict else ("", True)
+        return await run_alone(ctx, name, asked.args, where, at, tenant, requester, version, webhooks)
+    assert asked.verdict is not None
+    # `own` (inside the plan's bounds, but the call needs a person of its own) is an ordinary approval.
+    deviation = route.why if route.kind == "outside" else None
+    if plan is not None and deviation is not None and plan.deviation_rule(asked.verdict.policy) == "refuse":
+        return refused_deviation(name, asked.args, at, plan, deviation)
+    facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
+    result = await _approval(ctx, facts, name, at, asked, why, act="execute", trail=trail, deviation=deviation)
+    if plan is not None and deviation is not None:
+        result.action.plan_approval_id, result.action.deviation = plan.approval_id, deviation
+    return result.action
+
+
+async def request_plan_approval(
+    ctx: restate.Context,
+    *,
+    plan: Plan | Mapping[str, Any],
+    requester: str,
+    tenant: str = "default",
+    why: str = "",
+    goal: str = "",
+    run_id: str | None = None,
+    index: int | None = None,
+    on_deviation: OnDeviation | None = None,
+) -> ApprovedPlan:
+    """Ask a person to approve `plan` (an ordered list of intended calls with their arguments or
+    bounds) once, and wait for the decision; the approver may drop steps or lower bounds and counts.
+    Pass the result to `gated_call(plan=...)`: calls inside it then run without a new approval, and
+    a gated call outside it is asked again or refused, as `on_deviation` (else each tool's
+    `plan.on_deviation`, else `ask`) says. Placed as `request_approval` places an approval, and `why`
+    and `goal` cut as there."""
+    why, goal = _described(why, goal)
+    _check_people(requester, tenant)
+    where, at = _where(ctx, run_id, index)
+    facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
+    return await ask_plan_approval(ctx, facts, plan, index=at, why=why, on_deviation=on_deviation)
+
+
+async def run_alone(
+    ctx: restate.Context,
+    tool: str,
+    args: dict[str, Any],
+    run_id: str,
+    index: int,
+    tenant: str,
+    requester: str,
+    policy_version: str = "",
+    webhooks: bool = True,
+    hold: Callable[[AuditEntry], None] | None = None,
+) -> ActionRecord:
+    """A call the policy lets run without a person, as one step of the caller's journal; its audit
+    trail (keyed like an approval, `<run_id>-a<index>`) gets one `autonomous` entry naming the policy
+    version that let it run alone (and, if `webhooks`, an `action.executed` event). The entry is sent
+    at once, or given to `hold` (an agent run's book, whose next bookkeeping call carries it)."""
+    run = await run_tool(ctx, tool, args, index, run_id=run_id, tenant=tenant, requester=requester)
+    action = ActionRecord(
+        index=index,
+        tool=tool,
+        proposed_args=args,
+        args=args,
+        outcome=Outcome.AUTONOMOUS if run.ok else Outcome.FAILED,
+        result=run.result if run.ok else {"error": run.error},
+        idempotency_key=idempotency_key(run_id, index),
+    )
+    if run.at is not None:  # the effect's step finished (a call given up after its retries has no time)
+        approval_id = links.approval_id(run_id, index)
+        entry = AuditEntry(
+            entry_id=f"autonomous/{index}",
+            approval_id=approval_id,
+            run_id=run_id,
+            tenant=tenant,
+            kind="autonomous",
+            at=run.at,
+            details={
+                "tool": tool,
+                "args": args,
+                "outcome": action.outcome.value,
+                "policy_version": policy_version,
+                "idempotency_key": action.idempotency_key,
+            },
+        )
+        if hold is None:
+            bookkeeping.send_entry(ctx, entry)
+        else:  # the caller's own next bookkeeping call carries it
+            hold(entry)
+        if webhooks:
+            events.autonomous_executed(ctx, tenant, run_id, approval_id, action, run.at)
+    return action
+
+
+class GatedCall(BaseModel):
+    """One of a model turn's calls that the policy gates, with its journaled answer."""
+
+    tool: str
+    index: int
+    args: dict[str, Any]
+    why: str
+    summary: str
+    verdict: PolicyVerdict
+    opening: Opening
+    deviation: str | None = None
+    """How the call departs from the run's approved plan (shown to the approver)."""
+    confidence: float | None = None
+    context: ActionContext | None = None
+    """The tool's facts, if read in the model turn's step (else read here, when it is frozen)."""
+
+
+async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateResult]:
+    """The gated calls of one of the agent's turns: frozen here, asked together (one email and one
+    page per approver when there are several), each decided in its own `Approval` workflow. A single
+    call is acted on there, as `gated_call` does; the calls of a batch run here, in order, once every
+    one of them is decided. The results in the order of `calls`."""
+    batch = [c.index for c in calls] if len(calls) > 1 else []
+    now = calls[-1].opening.now
+    records = []
+    state = book.state
+    trail = trail_of(state.actions)
+    for call in calls:
+        tool = default_registry().get(call.tool)
+        assert tool is not None  # the turn validated every gated call against the loaded tools
+        opening = Opening(nonce=call.opening.nonce, now=now)
+        context = call.context
+        if context is None:  # not read in the turn's step (see countersign.tools.context)
+            context = await read_context(
+                book.ctx,
+                call.tool,
+                call.args,
+                call.index,
+                run_id=state.run_id,
+                tenant=state.tenant,
+                requester=state.requester,
+            )
+        records.append(
+            freeze(
+                state,
+                tool,
+                call.index,
+                call.args,
+                call.why,
+                call.summary,
+                call.verdict,
+                opening,
+                batch,
+                context=context,
+                trail=trail,
+                confidence=call.confidence,
+            )
+        )
+        records[-1].deviation = call.deviation
+    for record in records:
+        book.state.approvals[record.approval_id] = record
+    book.state.phase = "awaiting_approval"
+    book.save()
+    delivered = await _ask_people(
+        book, [Waiter(book, r, c.verdict.policy) for r, c in zip(records, calls, strict=True)]
+    )
+    futures = [
+        book.ctx.workflow_call(
+            approval_run,
+            key=record.approval_id,
+            arg=ApprovalRequest(
+                record=record,
+                policy=call.verdict,
+                goal=book.state.goal,
+                model=book.state.model,
+                act="defer" if batch else "execute",
+                delivered=sent_,
+            ),
+        )
+        for record, call, sent_ in zip(records, calls, delivered, strict=True)
+    ]
+    book.hand_over(record.approval_id for record in records)
+    # A cancel of the run that came after its turn last checked for one (while the model was still
+    # answering, say) may have found none of these approvals to close: the run passes it on.
+    decided = await results_or_cancel(book.ctx, records, futures)
+    for result in decided:
+        book.state.approvals[result.record.approval_id] = result.record
+    book.save()
+    results = [await act_on_deferred(book, result, call.verdict) for result, call in zip(decided, calls, strict=True)]
+    ledger.flush(book)
+    return results

@@ -1,0 +1,264 @@
+"""Slack through the official `slack_sdk`: the approval message (Block Kit), its modal, and the Web
+API calls, each meant to run as the body of a journaled step.
+
+Guarantee: everything the agent or a tool wrote (summary, why, arguments, facts, goal) is put in
+`plain_text` or preformatted rich-text elements, never in `mrkdwn`, after `textsafety.visible`, so
+it cannot format, mention or link, and hidden characters show where they are; the arguments are
+shown exactly (canonical JSON). The message carries no link token: its buttons name the approval,
+round and slot only, and a decision is authenticated by Slack's request signature and the clicking
+user's email (see `Approval.slack_decide`). A 429 is retried by the step after Slack's
+`Retry-After`, a 5xx or a lost connection with the step's backoff (both bounded by
+`SLACK_RETRIES`); any other Slack error ends the step at once with its `error` code. No call sleeps
+in the process: waiting between attempts is Restate's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel
+from restate import RunOptions, TerminalError
+from restate.exceptions import RetryableError
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+
+from countersign.contract import ApprovalRecord
+from countersign.security.textsafety import visible
+from countersign.settings import Settings, get_settings
+
+APPROVE_ACTION = "countersign_approve"
+REJECT_ACTION = "countersign_reject"
+MODAL_CALLBACK = "countersign_decide"
+REASON_BLOCK, REASON_INPUT = "reason", "reason_input"
+CONFIRM_BLOCK, CONFIRM_INPUT = "confirm", "confirm_input"
+METADATA_EVENT = "countersign_approval"
+REFUSED_STATUS = 422
+MAX_TEXT = 2900  # Slack refuses a text object over 3000 characters
+MAX_FACTS = 10  # a section holds at most 10 fields
+
+# 5xx and lost connections back off 1 s doubling to 30 s; a 429 waits Slack's Retry-After. Ten
+# minutes in all: Slack is a second channel, so its outage must end, not hold the approval's queue.
+SLACK_RETRIES = RunOptions[Any](
+    max_attempts=10,
+    initial_retry_interval=timedelta(seconds=1),
+    retry_interval_factor=2.0,
+    max_retry_interval=timedelta(seconds=30),
+    max_duration=timedelta(minutes=10),
+)
+
+
+class Posted(BaseModel):
+    """One approval message in Slack, as posted (what `chat.update` needs to rewrite it)."""
+
+    key: str
+    round: int
+    slot: int
+    approver: str
+    channel: str
+    ts: str
+    text: str
+    blocks: list[dict[str, Any]]
+    closed: bool = False
+
+
+class ButtonValue(BaseModel):
+    """What a button carries: which decision point, nothing secret."""
+
+    a: str
+    r: int
+    s: int
+    c: str | None = None
+    """High stakes: the label of what to type, and (`cv`) the value shown to type."""
+    cv: str | None = None
+
+
+class ModalState(BaseModel):
+    """The modal's `private_metadata`: the button's value, the verdict, and where the message is."""
+
+    a: str
+    r: int
+    s: int
+    v: str
+    ch: str = ""
+    ts: str = ""
+    c: str | None = None
+
+
+def client(settings: Settings | None = None) -> WebClient:
+    settings = settings or get_settings()
+    token = settings.slack_bot_token.get_secret_value() if settings.slack_bot_token else None
+    if not token:
+        raise TerminalError("SLACK_BOT_TOKEN is not set", REFUSED_STATUS)
+    return WebClient(token=token, base_url=settings.slack_api_base, timeout=int(settings.slack_timeout_seconds))
+
+
+def _header(headers: Any, name: str) -> str | None:
+    for key, value in dict(headers or {}).items():
+        if key.lower() == name:
+            return str(value[0] if isinstance(value, list) else value)
+    return None
+
+
+async def call(method: str, **params: Any) -> dict[str, Any]:
+    """One Web API call (in a thread: the SDK is synchronous), its errors mapped for the step."""
+    web = client()
+    try:
+        response = await asyncio.to_thread(web.api_call, method, json=params)
+    except SlackApiError as exc:
+        status = exc.response.status_code
+        error = str(exc.response.get("error", "") or status)
+        if status == 429:
+            after = _header(exc.response.headers, "retry-after") or "1"
+            seconds = float(after) if after.replace(".", "", 1).isdigit() else 1.0
+            raise RetryableError(f"slack {method}: rate limited", 429, retry_after=timedelta(seconds=seconds)) from None
+        if status >= 500:
+            raise RuntimeError(f"slack {method}: HTTP {status} {error}") from None
+        raise TerminalError(f"slack {method}: {error}", REFUSED_STATUS) from None
+    except (OSError, TimeoutError) as exc:  # connection refused/reset, timeouts: retried by the step
+        raise RuntimeError(f"slack {method}: {type(exc).__name__}") from None
+    except ValueError as exc:  # a body that is not JSON (a proxy's 502 page)
+        raise RuntimeError(f"slack {method}: unreadable answer ({type(exc).__name__})") from None
+    return dict(response.data) if isinstance(response.data, dict) else {}
+
+
+def _plain(text: str, limit: int = MAX_TEXT) -> dict[str, Any]:
+    shown = visible(text) or " "
+    if len(shown) > limit:
+        shown = shown[: limit - 1] + "…"
+    return {"type": "plain_text", "text": shown, "emoji": False}
+
+
+def _when(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def request_blocks(
+    record: ApprovalRecord, slot: int, goal: str, kind: str, confirm: tuple[str | None, str | None]
+) -> tuple[str, list[dict[str, Any]]]:
+    """The message text (for notifications) and its blocks."""
+    title = {"reminder": "Reminder: approval needed", "escalation": "Escalated to you: approval needed"}.get(
+        kind, "Approval needed"
+    )
+    text = visible(f"{title}: {record.summary}")[:MAX_TEXT]
+    args = json.dumps(record.args, indent=2, sort_keys=True, ensure_ascii=False)
+    if len(args) > MAX_TEXT:
+        args = args[: MAX_TEXT - 60] + "\n… (cut here: the email shows every argument)"
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": _plain(f"{title}: {record.summary}", 150)},
+        {"type": "section", "text": _plain(f"Action: {record.tool}\nWhy: {record.why or '(not given)'}")},
+        {
+            "type": "rich_text",
+            "elements": [{"type": "rich_text_preformatted", "elements": [{"type": "text", "text": visible(args)}]}],
+        },
+    ]
+    facts = [_plain(f"{f.label}: {f.value}", 1900) for f in record.context[:MAX_FACTS]]
+    if facts:
+        blocks.append({"type": "section", "text": _plain("What the tool read for you:"), "fields": facts})
+    elif record.context_error:
+        blocks.append(
+            {"type": "section", "text": _plain(f"The tool's facts could not be read: {record.context_error}")}
+        )
+    if goal:
+        blocks.append({"type": "section", "text": _plain(f"The agent's goal: {goal}")})
+    blocks.append(
+        {
+            "type": "context",
+            "elements": [
+                _plain(
+                    f"Deadline {_when(record.deadline)} · asked of {record.approvers[slot]} · "
+                    f"policy: {record.policy} · fingerprint {record.digest[:12]}"
+                )
+            ],
+        }
+    )
+    value = ButtonValue(a=record.approval_id, r=record.round, s=slot, c=confirm[0], cv=confirm[1])
+    blocks.append(
+        {
+            "type": "actions",
+            "block_id": "decide",
+            "elements": [
+                {
+                    "type": "button",
+                    "action_id": APPROVE_ACTION,
+                    "style": "primary",
+                    "text": _plain("Approve…"),
+                    "value": value.model_dump_json(exclude_none=True),
+                },
+                {
+                    "type": "button",
+                    "action_id": REJECT_ACTION,
+                    "style": "danger",
+                    "text": _plain("Reject…"),
+                    "value": value.model_dump_json(exclude_none=True),
+                },
+            ],
+        }
+    )
+    return text, blocks
+
+
+def with_note(message: Posted, line: str, *, keep_buttons: bool) -> list[dict[str, Any]]:
+    """The message's blocks with `line` as its status (and without buttons once it decides nothing)."""
+    blocks = [b for b in message.blocks if keep_buttons or b.get("type") != "actions"]
+    blocks = [b for b in blocks if b.get("block_id") != "status"]
+    status = {"type": "section", "block_id": "status", "text": _plain(line)}
+    if keep_buttons:
+        blocks.insert(len(blocks) - 1, status)
+    else:
+        blocks.append(status)
+    return blocks
+
+
+def modal(state: ModalState, summary: str, confirm_value: str | None) -> dict[str, Any]:
+    """The confirmation step inside Slack: the reason field and, when high stakes, the typed value."""
+    approving = state.v == "approve"
+    blocks: list[dict[str, Any]] = [
+        {"type": "section", "text": _plain(f"{'Approve' if approving else 'Reject'}: {summary}")},
+        {
+            "type": "input",
+            "block_id": REASON_BLOCK,
+            "optional": approving,
+            "label": _plain("Reason" + ("" if approving else " (required)")),
+            "element": {"type": "plain_text_input", "action_id": REASON_INPUT, "multiline": True, "max_length": 2000},
+        },
+    ]
+    if approving and state.c:
+        blocks.append(
+            {
+                "type": "input",
+                "block_id": CONFIRM_BLOCK,
+                "label": _plain(f"High stakes: type the {state.c} ({confirm_value}) to confirm", 2000),
+                "element": {"type": "plain_text_input", "action_id": CONFIRM_INPUT, "max_length": 200},
+            }
+        )
+    return {
+        "type": "modal",
+        "callback_id": MODAL_CALLBACK,
+        "private_metadata": state.model_dump_json(exclude_none=True),
+        "title": _plain("Approve" if approving else "Reject", 24),
+        "submit": _plain("Approve" if approving else "Reject", 24),
+        "close": _plain("Cancel", 24),
+        "blocks": blocks,
+    }
+
+
+def final_line(state: str, by: str | None, via: str | None, at: float | None, reason: str | None) -> str:
+    """The status a decided (or otherwise closed) approval's messages show: who, how, when."""
+    when = f" at {_when(at)}" if at is not None else ""
+    how = {"slack": " (decided in Slack)", "email": " (decided by email)"}.get(via or "", "")
+    because = f" Reason: {reason}" if reason else ""
+    match state:
+        case "approved" | "approved_with_edits":
+            edited = " with edits" if state == "approved_with_edits" else ""
+            return f"Approved{edited} by {by or 'the approvers'}{how}{when}."
+        case "rejected":
+            return f"Rejected by {by or 'an approver'}{how}{when}. Nothing ran.{because}"
+        case "expired":
+            return f"Expired: nobody decided before the deadline{when}. Nothing ran."
+        case "cancelled":
+            return f"Cancelled{when}: nothing ran.{because}"
+        case _:
+            return f"No longer waiting ({state.replace('_', ' ')}){when}.{because}"

@@ -1,0 +1,318 @@
+"""Pydantic AI under Countersign's gate, for an agent wrapped in `RestateAgent` and served by Restate.
+
+    from pydantic_ai import Agent
+    from restate.ext.pydantic import RestateAgent
+    from countersign.integrations.pydantic_ai import Countersign, CountersignToolset
+
+    agent = RestateAgent(Agent("openai:gpt-4.1-mini", toolsets=[CountersignToolset(["charge_card"])]))
+
+    @service.handler()
+    async def run(ctx: restate.Context, task: Task) -> str:
+        gate = Countersign(requester=task.requester, run_id=f"collect-{task.invoice_id}")
+        return (await agent.run(task.prompt, capabilities=[gate])).output
+
+`CountersignToolset` offers Countersign tools (by name, from the tools COUNTERSIGN_TOOLS loads) to the
+model as Pydantic AI tools of the same name, description and argument schema. Every call of one is
+deferred for approval (`ApprovalRequired`); the `Countersign` capability answers the turn's deferred
+calls inline (`handle_deferred_tool_calls`), one `request_approval` each, in the order the model made
+them, so the tool's Countersign policy decides (whom, when, deadline, quorum, edits) and a call it
+does not gate runs without asking. The framework then hears the answer in its own terms:
+`ToolApproved(override_args=<the approved, possibly edited, arguments>)`, or `ToolDenied(<why>)` with
+the approver's reason, or saying that the approval expired, was cancelled or could not be delivered.
+
+Guarantee: the whole loop runs inside the one durable handler that calls `agent.run`. `RestateAgent`
+journals each model reply; the gate journals its policy step and waits on the `Approval` workflow
+(the handler suspends; a crash or a replay asks nobody twice); an approved call runs the tool's
+effect as the journaled step `tool <name> #<index>` under the idempotency key `<run_id>/<index>` of
+its approval, after the tool's precondition re-check, so it runs at most once per approval.
+Everything the adapter decides comes from journaled values (the model's replies, the gate's
+answers), so a replay takes the same path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from countersign.extras import install_hint
+
+try:
+    from pydantic_ai import ToolDefinition
+    from pydantic_ai.capabilities import AbstractCapability
+    from pydantic_ai.exceptions import ApprovalRequired
+    from pydantic_ai.messages import ModelResponse, TextPart
+    from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, RunContext, ToolApproved, ToolDenied
+    from pydantic_ai.toolsets.abstract import AbstractToolset, ToolsetTool
+    from restate.ext.pydantic._utils import current_state
+except ImportError as exc:  # the extra is not installed
+    raise ImportError(f"countersign.integrations.pydantic_ai needs Pydantic AI: {install_hint('pydantic-ai')}") from exc
+
+import restate
+from pydantic import BaseModel
+from restate import TerminalError
+from restate.extensions import current_context
+
+from countersign.approval.calls import ApprovalOutcome, request_approval
+from countersign.contract import Outcome, TrailStep
+from countersign.tools import default_registry
+from countersign.tools.execute import recheck, run_tool
+from countersign.tools.registry import Tool
+
+__all__ = ["Countersign", "CountersignToolset", "denial_message"]
+
+_META = "countersign"
+"""The key of Countersign's entry in `DeferredToolResults.metadata[tool_call_id]`."""
+
+
+def _restate_context() -> restate.Context:
+    ctx = current_context()
+    if ctx is None:
+        raise TerminalError(
+            "Countersign's Pydantic AI tools run only inside a Restate handler (an agent wrapped in RestateAgent)", 500
+        )
+    return ctx
+
+
+class _ArgsValidator:
+    """Validates a call's arguments with the Countersign tool's own pydantic model, and hands on the
+    JSON form (what the gate freezes and the effect's step journals). A ValidationError goes back to
+    the model as a retry prompt, as for any Pydantic AI tool."""
+
+    def __init__(self, model: type[BaseModel]) -> None:
+        self._model = model
+
+    def validate_json(
+        self, input: str | bytes | bytearray, *, allow_partial: bool | str = False, **kwargs: Any
+    ) -> dict[str, Any]:
+        return self._model.model_validate_json(input).model_dump(mode="json")
+
+    def validate_python(self, input: Any, *, allow_partial: bool | str = False, **kwargs: Any) -> dict[str, Any]:
+        return self._model.model_validate(input).model_dump(mode="json")
+
+
+class CountersignToolset(AbstractToolset[Any]):
+    """Countersign tools as Pydantic AI tools: `tools` names them (or gives them; default: every loaded
+    tool), resolved against the loaded registry when the agent first lists its tools, so the policy
+    file's overrides apply. Each call asks the gate first (see `Countersign`); each approved call runs
+    the tool's effect under Countersign's idempotency key. The tools are `sequential`, so the calls of
+    one turn run in the model's order, one at a time, and a replay journals them in the same order."""
+
+    def __init__(self, tools: Sequence[str | Tool] | None = None, *, id: str = "countersign", max_retries: int = 1):
+        self._names = None if tools is None else [t if isinstance(t, str) else t.name for t in tools]
+        self._id = id
+        self._max_retries = max_retries
+        # Where the agent is built (at import, when COUNTERSIGN_SERVICES loads it): a misspelt name
+        # stops the process at start, not the first run that offers the model its tools.
+        if self._names is not None:
+            self._missing()
+
+    def _missing(self) -> None:
+        registry = default_registry()
+        missing = [name for name in self._names or () if registry.get(name) is None]
+        if missing:
+            raise ValueError(
+                f"CountersignToolset: {', '.join(missing)} not among the loaded tools ({', '.join(registry.names())}); "
+                "load them with COUNTERSIGN_TOOLS"
+            )
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    def tools(self) -> list[Tool]:
+        registry = default_registry()
+        if self._names is None:
+            return list(registry)
+        return [tool for name in self._names if (tool := registry.get(name)) is not None]
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        return {
+            tool.name: ToolsetTool(
+                toolset=self,
+                tool_def=ToolDefinition(
+                    name=tool.name,
+                    description=tool.description,
+                    parameters_json_schema=tool.schema(),
+                    sequential=True,
+                    metadata={_META: True},
+                ),
+                max_retries=self._max_retries,
+                args_validator=_ArgsValidator(tool.args_model),
+            )
+            for tool in self.tools()
+        }
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
+    ) -> Any:
+        if not ctx.tool_call_approved:
+            await _take_turn(ctx)
+            raise ApprovalRequired()
+        approved = (ctx.tool_call_metadata or {}).get(_META) if isinstance(ctx.tool_call_metadata, dict) else None
+        if not isinstance(approved, dict):
+            # Approved by something other than the Countersign capability (e.g. DeferredToolResults
+            # passed in by hand): nothing of Countersign's vouches for it, so it does not run.
+            raise TerminalError(
+                f"{name} was approved outside Countersign; not run (give the run a Countersign capability)", 400
+            )
+        if tool_args != approved["args"]:
+            raise TerminalError(f"{name} was to run with arguments other than the approved ones; not run", 400)
+        return await _execute(name, tool_args, approved)
+
+
+async def _take_turn(ctx: RunContext[Any]) -> None:
+    """Pass RestateAgent's turnstile (its tool calls, in the model's order) without running anything,
+    so the calls after this one in the same turn are not left waiting for it."""
+    if ctx.tool_call_id is None:
+        return
+    turnstile = current_state().turnstile
+    if ctx.tool_call_id not in turnstile.events:
+        return
+    await turnstile.wait_for(ctx.tool_call_id)
+    turnstile.allow_next_after(ctx.tool_call_id)
+
+
+async def _execute(name: str, args: dict[str, Any], approved: dict[str, Any]) -> dict[str, Any]:
+    ctx = _restate_context()
+    run_id: str = approved["run_id"]
+    index: int = approved["index"]
+    where = {"run_id": run_id, "tenant": approved["tenant"], "requester": approved["requester"]}
+    if approved["approval_id"] is not None:  # a person approved it: has the world moved since?
+        change = await recheck(
+            ctx, name, args, index, approval_id=approved["approval_id"], edits=approved["edits"], **where
+        )
+        if change is not None:
+            return {"error": f"not run: {change} (changed since the approval)"}
+    run = await run_tool(
+        ctx,
+        name,
+        args,
+        index,
+        approval_id=approved["approval_id"],
+        approved_by=approved["approved_by"],
+        edits=approved["edits"],
+        **where,
+    )
+    return (run.result or {}) if run.ok else {"error": run.error or "failed"}
+
+
+def denial_message(outcome: ApprovalOutcome) -> str:
+    """What the model reads when the gate did not approve a call."""
+    reason = outcome.reason or "no reason given"
+    match outcome.verdict:
+        case Outcome.REJECTED:
+            return f"Rejected by the approver: {reason}. Do not propose this exact call again."
+        case Outcome.EXPIRED:
+            return f"Not run: the approval expired before anyone decided ({reason})."
+        case Outcome.CANCELLED:
+            return f"Not run: the approval was cancelled ({reason})."
+        case Outcome.UNDELIVERABLE:
+            return f"Not run: the approval request could not be delivered to the approvers ({reason})."
+        case _:
+            return f"Not run ({outcome.verdict.value}): {reason}"
+
+
+def _why(ctx: RunContext[Any]) -> str:
+    """The model's own words in the reply that made the calls (what the approver reads as `why`)."""
+    for message in reversed(ctx.messages):
+        if isinstance(message, ModelResponse):
+            # Whole: the gate cuts it to the contract's bound, as it does every caller's.
+            return " ".join(p.content for p in message.parts if isinstance(p, TextPart)).strip()
+    return ""
+
+
+@dataclass
+class Countersign(AbstractCapability[Any]):
+    """Answers the deferred calls of Countersign tools through the gate, inline, during the run.
+
+    Create one per run (inside the handler): `requester` (an email: told of outcomes), `tenant`,
+    `run_id` (default: the invocation id; give a stable one, e.g. the workflow key, so one action maps
+    to one approval across invocations) and `goal` (default: the run's prompt) reach the gate as they
+    do from `request_approval`. `outcomes` lists the gate's answers, in order, for the handler to
+    return or record; each approver also sees them, as the run's earlier calls. Deferred calls of
+    tools that are not Countersign's are left alone (a later capability may answer them, or the run
+    ends with `DeferredToolRequests` as usual)."""
+
+    requester: str
+    tenant: str = "default"
+    run_id: str | None = None
+    goal: str = ""
+    outcomes: list[ApprovalOutcome] = field(default_factory=list, init=False)
+    # The approver's "what this run did before asking": the gate's earlier answers in this run. Built
+    # from journaled outcomes only, so a replay freezes the same trail.
+    _trail: list[TrailStep] = field(default_factory=list, init=False)
+
+    @classmethod
+    def get_serialization_name(cls) -> str | None:
+        return None
+
+    async def handle_deferred_tool_calls(
+        self, ctx: RunContext[Any], *, requests: DeferredToolRequests
+    ) -> DeferredToolResults | None:
+        registry = default_registry()
+        rctx = _restate_context()
+        prompt = ctx.prompt if isinstance(ctx.prompt, str) else ""
+        why = _why(ctx)
+        results = DeferredToolResults()
+        # One approval after another, in the model's order: the next is asked once this one is decided.
+        for call in requests.approvals:
+            if registry.get(call.tool_name) is None:
+                continue
+            outcome = await request_approval(
+                rctx,
+                tool=call.tool_name,
+                args=call.args_as_dict(),
+                requester=self.requester,
+                tenant=self.tenant,
+                why=why,
+                goal=self.goal or prompt,
+                run_id=self.run_id,
+                trail=self._trail,
+            )
+            self.outcomes.append(outcome)
+            shown = outcome.args if outcome.args is not None else outcome.proposed_args
+            self._trail.append(
+                TrailStep(
+                    index=outcome.index,
+                    tool=call.tool_name,
+                    outcome=str(outcome.verdict),
+                    args=json.dumps(shown, sort_keys=True, ensure_ascii=False, default=str),
+                    result=outcome.reason or "",
+                )
+            )
+            results.approvals[call.tool_call_id] = _answer(outcome)
+            results.answered_by[call.tool_call_id] = ", ".join(outcome.approved_by) or _answerer(outcome)
+            if outcome.approved:
+                results.metadata[call.tool_call_id] = {_META: _approved(outcome, self.requester, self.tenant)}
+        return results if results.approvals else None
+
+
+def _answer(outcome: ApprovalOutcome) -> ToolApproved | ToolDenied:
+    if outcome.approved and outcome.args is not None:
+        return ToolApproved(override_args=outcome.args)
+    return ToolDenied(denial_message(outcome))
+
+
+def _answerer(outcome: ApprovalOutcome) -> str:
+    source: Literal["policy", "deadline", "countersign"] = "countersign"
+    if outcome.verdict == Outcome.AUTONOMOUS:
+        source = "policy"
+    elif outcome.decision_source == "deadline_default":
+        source = "deadline"
+    return f"countersign:{source}"
+
+
+def _approved(outcome: ApprovalOutcome, requester: str, tenant: str) -> dict[str, Any]:
+    """What the approved call's execution needs: where its effect runs and who approved it."""
+    return {
+        "args": outcome.args,
+        "run_id": outcome.run_id,
+        "index": outcome.index,
+        "tenant": tenant,
+        "requester": requester,
+        "approval_id": outcome.approval_id,
+        "approved_by": list(outcome.approved_by),
+        "edits": outcome.edits,
+    }

@@ -1,0 +1,84 @@
+"""Checks run once before serving: the process refuses to start on bad configuration.
+
+Guarantee: missing signing keys, an unreadable policy file, tools that do not load
+(COUNTERSIGN_TOOLS), an unknown default model, an unwritable outbox or a `COUNTERSIGN_SERVICES` entry
+that cannot be served stop the process with a one-line reason, before any request is accepted; so do
+missing request identity keys or journal keys outside dev/test (an endpoint anyone could invoke, a
+journal in plaintext). In dev/test, running without them is allowed and said in one warning line each.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from countersign.channels import uses_slack
+from countersign.llm import ModelUnavailable, check_model
+from countersign.runtime.services import SETTING, ServicesError, endpoint_services, user_services
+from countersign.settings import Settings, require_production_keys, require_signing_keys
+from countersign.tools import default_registry
+from countersign.tools.registry import Registry
+
+log = logging.getLogger("countersign.runtime.startup")
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("restate", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def require_slack(settings: Settings, tools: Registry) -> None:
+    """A policy that names Slack needs the bot token (to post) and the signing secret (to take clicks)."""
+    named = [name for name in tools.names() if (tool := tools.get(name)) and uses_slack(tool.policy)]
+    if not named:
+        return
+    for setting, value in (
+        ("SLACK_BOT_TOKEN", settings.slack_bot_token),
+        ("SLACK_SIGNING_SECRET", settings.slack_signing_secret),
+    ):
+        if value is None or not value.get_secret_value():
+            raise SystemExit(f"{setting} is not set: the policy of {', '.join(named)} sends approvals through Slack")
+
+
+def warn_relaxed(settings: Settings) -> None:
+    """What dev/test lets through that production refuses, so nobody mistakes it for protection."""
+    if not settings.is_dev:
+        return
+    if not settings.restate_identity_keys:
+        log.warning(
+            "RESTATE_IDENTITY_KEYS is not set: the Restate endpoint accepts unsigned requests "
+            "(allowed because COUNTERSIGN_ENV=%s)",
+            settings.countersign_env,
+        )
+    if not settings.countersign_journal_keys:
+        log.warning(
+            "COUNTERSIGN_JOURNAL_KEYS is not set: journal values (arguments, emails) are stored in plaintext "
+            "(allowed because COUNTERSIGN_ENV=%s)",
+            settings.countersign_env,
+        )
+
+
+def check(settings: Settings) -> None:
+    require_signing_keys(settings)
+    tools = default_registry()
+    try:
+        check_model(settings.model)
+    except ModelUnavailable as exc:
+        raise SystemExit(f"MODEL: {exc}") from None
+    if not settings.resend_api_key:
+        try:
+            settings.approvals_outbox_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SystemExit(f"APPROVALS_OUTBOX_DIR {settings.approvals_outbox_dir}: {exc}") from None
+    require_production_keys(settings)
+    require_slack(settings, tools)
+    try:
+        endpoint_services(settings)
+    except ServicesError as exc:
+        raise SystemExit(str(exc)) from None
+    # Only once everything checked out, so that a refusal is the one line the process prints.
+    warn_relaxed(settings)
+    log.info("tools: %s: %s", tools.source, ", ".join(tools.names()))
+    if settings.countersign_services:
+        own = ", ".join(service.name for service in user_services(settings))
+        log.info("services: %s=%s: %s", SETTING, ",".join(settings.countersign_services), own)

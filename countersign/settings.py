@@ -1,0 +1,384 @@
+"""The one typed settings object, read from the environment once at startup.
+
+Guarantee: a bad value stops the process at startup with a message naming the variable; nothing
+else in the package reads `os.environ`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import hashlib
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from countersign.contract import EMAIL_PATTERN, NAME_PATTERN
+
+SigningKeys = Annotated[dict[str, bytes], NoDecode]
+_DOMAIN = re.compile(r"^@[a-z0-9-]{1,63}(\.[a-z0-9-]{1,63})*\.[a-z]{2,24}$")
+_TOOLS_SPEC = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+_IDENTITY_KEY = re.compile(r"^publickeyv1_[1-9A-HJ-NP-Za-km-z]{32,64}$")
+_SERVICE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+WebhookEventType = Literal["approval.requested", "approval.decided", "action.executed", "run.finished"]
+WEBHOOK_EVENT_TYPES: tuple[WebhookEventType, ...] = (
+    "approval.requested",
+    "approval.decided",
+    "action.executed",
+    "run.finished",
+)
+ALL_TENANTS = "*"
+"""A COUNTERSIGN_WEBHOOKS key whose endpoints receive the events of every tenant."""
+SHARED_LISTENER = "shared"
+"""RESTATE_ENDPOINT_BIND value that serves the Restate endpoint on the pages' port (one-port platforms)."""
+
+
+class WebhookEndpoint(BaseModel):
+    """One receiver of signed outbound webhooks (an entry of COUNTERSIGN_WEBHOOKS)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(pattern=r"^https?://[^\s/?#]+[^\s]*$", max_length=2000)
+    secret: SecretStr
+    """The Standard Webhooks `whsec_<base64>` secret the receiver verifies signatures with."""
+    events: tuple[WebhookEventType, ...] = WEBHOOK_EVENT_TYPES
+    name: str = Field(default="", pattern=r"^([a-z0-9][a-z0-9_-]{0,39})?$")
+    """Stable id of the endpoint (deliveries in flight find it by name); default: from the URL."""
+
+    @field_validator("secret")
+    @classmethod
+    def _whsec(cls, secret: SecretStr) -> SecretStr:
+        raw = secret.get_secret_value()
+        try:
+            decoded = base64.b64decode(raw.removeprefix("whsec_"), validate=True) if raw.startswith("whsec_") else b""
+        except binascii.Error:
+            decoded = b""
+        if not 24 <= len(decoded) <= 64:
+            raise ValueError("a secret must be whsec_ followed by 24 to 64 bytes in base64")
+        return secret
+
+    @property
+    def id(self) -> str:
+        return self.name or "url-" + hashlib.sha256(self.url.encode()).hexdigest()[:10]
+
+
+WebhookEndpoints = Annotated[dict[str, tuple[WebhookEndpoint, ...]], NoDecode]
+
+
+def parse_webhooks(raw: object) -> dict[str, tuple[WebhookEndpoint, ...]]:
+    """COUNTERSIGN_WEBHOOKS: a JSON object, or the path of a .toml or .json file holding one, mapping a
+    tenant (or `*`) to a list of `{url, secret, events?, name?}`. ValueError naming the problem."""
+    if isinstance(raw, dict):
+        data: Any = raw
+    else:
+        text = str(raw or "").strip()
+        if not text:
+            return {}
+        try:
+            if text.startswith("{"):
+                data = json.loads(text)
+            else:
+                path = Path(text)
+                body = path.read_text(encoding="utf-8")
+                data = tomllib.loads(body) if path.suffix == ".toml" else json.loads(body)
+        except OSError as exc:
+            raise ValueError(f"cannot read {text[:200]!r}: {exc.strerror}") from None
+        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"not valid JSON or TOML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError("must map tenant names to lists of endpoints")
+    endpoints: dict[str, tuple[WebhookEndpoint, ...]] = {}
+    for tenant, items in data.items():
+        if tenant != ALL_TENANTS and not re.match(NAME_PATTERN, str(tenant)):
+            raise ValueError(f"{str(tenant)[:60]!r} is not a tenant name (or * for every tenant)")
+        if not isinstance(items, list | tuple) or not items:
+            raise ValueError(f"tenant {tenant!r}: give a non-empty list of endpoints")
+        try:
+            parsed = tuple(WebhookEndpoint.model_validate(item) for item in items)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "endpoint"
+            raise ValueError(f"tenant {tenant!r}: {where}: {first['msg'].removeprefix('Value error, ')}") from None
+        ids = [e.id for e in parsed]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"tenant {tenant!r}: two endpoints have the same name or URL")
+        endpoints[str(tenant)] = parsed
+    return endpoints
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore")
+
+    countersign_env: Literal["dev", "test", "production"] = "production"
+    restate_ingress_url: str = "http://127.0.0.1:8080"
+    restate_admin_url: str = "http://127.0.0.1:9070"
+    approvals_public_url: str = "http://127.0.0.1:9080"
+    # The Restate endpoint's own listener (HOST:PORT, or `shared`: on the pages' port, with the
+    # Restate limits for both) and the public listener's timeouts; see countersign/runtime/hypercorn.toml.
+    restate_endpoint_bind: str = Field(
+        default="127.0.0.1:9081", pattern=rf"^({SHARED_LISTENER}|[\w.\[\]:-]+:\d{{1,5}})$"
+    )
+    pages_idle_timeout_seconds: float = Field(default=5.0, gt=0, le=300)
+    pages_read_timeout_seconds: int = Field(default=30, ge=1, le=600)
+    pages_body_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    approvals_signing_keys: SigningKeys = Field(default_factory=dict)
+    approvals_outbox_dir: Path = Path(".outbox")
+    approvals_policy_file: Path | None = None
+    countersign_tools: Annotated[tuple[str, ...], NoDecode] = ()
+    """`package.module:ATTR[,...]`: the tools to load instead of the demo tools."""
+    resend_api_key: str | None = None
+    resend_from: str = "Countersign <approvals@countersign.local>"
+    resend_webhook_secret: str | None = None
+    resend_api_url: str | None = None
+    resend_timeout_seconds: float = Field(default=20.0, gt=0, le=50)
+    # Slack, for policies whose `channels` name it: the bot token (xoxb-...) that posts and updates
+    # the approval messages, the signing secret that authenticates `POST /slack/interactions`, and
+    # the Web API base (tests point it at a local fake).
+    slack_bot_token: SecretStr | None = None
+    slack_signing_secret: SecretStr | None = None
+    slack_api_base: str = "https://slack.com/api/"
+    slack_timeout_seconds: float = Field(default=10.0, gt=0, le=30)
+    # A tool's `context` function (facts for the approver) is given up after this long: the
+    # approval goes out saying the facts could not be read.
+    tool_context_timeout_seconds: float = Field(default=5.0, gt=0, le=30)
+    approvals_security_contact: str | None = Field(default=None, pattern=r"^[^@\s<>\"']{1,64}@[A-Za-z0-9.-]{1,190}$")
+    restate_identity_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    countersign_journal_keys: SigningKeys = Field(default_factory=dict)
+    # Off only while upgrading from a version that cannot open compressed (v2) journal values and
+    # still serves paused runs: those read values that the new deployment writes.
+    countersign_journal_compress: bool = True
+    # The user's own Restate services, served by the same endpoint (imported by countersign.runtime.services).
+    countersign_services: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    model: str = "scripted"
+    # The providers' own variables, passed to their SDKs explicitly.
+    openai_api_key: SecretStr | None = None
+    openai_base_url: str | None = None
+    anthropic_api_key: SecretStr | None = None
+    anthropic_base_url: str | None = None
+    model_timeout_seconds: float = Field(default=60.0, gt=0, le=600)
+    model_max_attempts: int = Field(default=5, ge=1, le=20)
+    model_max_malformed_turns: int = Field(default=3, ge=1, le=20)
+    model_max_tokens: int = Field(default=4096, ge=256, le=128_000)
+    demo_db: Path = Path(".demo/business.db")
+    agent_max_turns: int = Field(default=20, ge=1, le=200)
+    trust_ramp_min_decisions: int = Field(default=20, ge=1)
+    # `stats`: a decision faster than this after the page was first opened counts as "fast"; this
+    # many fast, unedited approvals in a row by one approver is a warning that they stopped reading.
+    fatigue_reading_seconds: float = Field(default=5.0, gt=0, le=3600)
+    fatigue_streak: int = Field(default=50, ge=1, le=100_000)
+    countersign_fault: str | None = None
+    # Whom an operator may hand an approval to besides the tool's approvers and escalation chain:
+    # addresses and `@domain` entries, comma-separated. Empty: only the policy's people.
+    approvals_reassign_allowed: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Signed outbound webhooks (countersign/events/): the endpoints per tenant, and the bounded retries
+    # of each delivery (the defaults keep trying for about a day, with durable timers in between).
+    countersign_webhooks: WebhookEndpoints = Field(default_factory=dict)
+    countersign_webhook_attempts: int = Field(default=15, ge=1, le=50)
+    countersign_webhook_backoff_seconds: float = Field(default=30.0, gt=0, le=3600)
+    countersign_webhook_backoff_max_seconds: float = Field(default=14400.0, gt=0, le=86400)
+    countersign_webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
+
+    @field_validator("approvals_signing_keys", mode="before")
+    @classmethod
+    def _parse_keys(cls, raw: object) -> dict[str, bytes]:
+        if isinstance(raw, dict):
+            return {str(k): v if isinstance(v, bytes) else str(v).encode() for k, v in raw.items()}
+        keys: dict[str, bytes] = {}
+        for item in str(raw or "").split(","):
+            if not item.strip():
+                continue
+            kid, sep, secret = item.strip().partition(":")
+            if not sep or not kid.isalnum() or len(kid) > 16:
+                raise ValueError("APPROVALS_SIGNING_KEYS must be comma-separated kid:secret pairs")
+            if len(secret) < 32:
+                raise ValueError(f"signing key {kid!r} is shorter than 32 characters")
+            if kid in keys:
+                raise ValueError(f"signing key id {kid!r} appears twice")
+            keys[kid] = secret.encode()
+        return keys
+
+    @field_validator("countersign_tools", mode="before")
+    @classmethod
+    def _parse_tools(cls, raw: object) -> tuple[str, ...]:
+        if isinstance(raw, list | tuple):
+            raw = ",".join(str(item) for item in raw)
+        try:
+            return parse_tools_spec(str(raw or ""))
+        except ValueError as exc:
+            raise ValueError(f"COUNTERSIGN_TOOLS: {exc} (e.g. COUNTERSIGN_TOOLS=mycompany.tools:TOOLS)") from None
+
+    @field_validator("restate_identity_keys", mode="before")
+    @classmethod
+    def _parse_identity_keys(cls, raw: object) -> list[str]:
+        items = [str(k) for k in raw] if isinstance(raw, list) else str(raw or "").split(",")
+        keys = [k.strip() for k in items if k.strip()]
+        for key in keys:
+            if not _IDENTITY_KEY.match(key):
+                raise ValueError(f"{key[:24]!r}... is not a Restate request identity key (publickeyv1_<base58>)")
+        return keys
+
+    @field_validator("countersign_services", mode="before")
+    @classmethod
+    def _parse_service_paths(cls, raw: object) -> list[str]:
+        items = [str(k) for k in raw] if isinstance(raw, list) else str(raw or "").split(",")
+        paths = [k.strip() for k in items if k.strip()]
+        for path in paths:
+            if not _SERVICE_PATH.match(path):
+                raise ValueError(f"{path[:80]!r} is not package.module:ATTR (comma-separated for several)")
+        return paths
+
+    @field_validator("countersign_webhooks", mode="before")
+    @classmethod
+    def _parse_webhooks(cls, raw: object) -> dict[str, tuple[WebhookEndpoint, ...]]:
+        return parse_webhooks(raw)
+
+    def webhook_endpoints(self, tenant: str) -> tuple[WebhookEndpoint, ...]:
+        """The endpoints that receive `tenant`'s events: its own, then those for every tenant."""
+        own = self.countersign_webhooks.get(tenant, ())
+        names = {e.id for e in own}
+        return own + tuple(e for e in self.countersign_webhooks.get(ALL_TENANTS, ()) if e.id not in names)
+
+    @field_validator("approvals_reassign_allowed", mode="before")
+    @classmethod
+    def _parse_reassign_allowed(cls, raw: object) -> list[str]:
+        items = [str(k) for k in raw] if isinstance(raw, list) else str(raw or "").split(",")
+        allowed = [item.strip().lower() for item in items if item.strip()]
+        for item in allowed:
+            if not (re.match(EMAIL_PATTERN, item) or _DOMAIN.match(item)):
+                raise ValueError(f"{item[:60]!r} is neither an email address nor an @domain (e.g. @example.com)")
+        return allowed
+
+    @field_validator("countersign_journal_keys", mode="before")
+    @classmethod
+    def _parse_journal_keys(cls, raw: object) -> dict[str, bytes]:
+        if isinstance(raw, dict):
+            return {str(k): bytes(v) for k, v in raw.items()}
+        return parse_journal_keys(str(raw or ""))
+
+    @field_validator("openai_api_key", "anthropic_api_key", "openai_base_url", "anthropic_base_url", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, raw: object) -> object:
+        return None if isinstance(raw, str) and not raw.strip() else raw
+
+    @field_validator("openai_base_url", "anthropic_base_url")
+    @classmethod
+    def _provider_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s) URL")
+        return url
+
+    @field_validator("approvals_public_url", "restate_ingress_url", "restate_admin_url", "resend_api_url")
+    @classmethod
+    def _strip_slash(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s) URL")
+        return url.rstrip("/")
+
+    @field_validator("slack_api_base")
+    @classmethod
+    def _slack_base(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s) URL")
+        return url.rstrip("/") + "/"  # slack_sdk joins method names onto it
+
+    @field_validator("resend_webhook_secret")
+    @classmethod
+    def _check_webhook_secret(cls, secret: str | None) -> str | None:
+        if secret is None:
+            return None
+        try:
+            decoded = base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+        except binascii.Error:
+            decoded = b""
+        if len(decoded) < 16:
+            raise ValueError("must be the whsec_... signing secret of the Resend webhook (base64, >= 16 bytes)")
+        return secret
+
+    def may_reassign_to(self, address: str) -> bool:
+        """Whether APPROVALS_REASSIGN_ALLOWED lists `address` or its domain."""
+        address = address.lower()
+        return address in self.approvals_reassign_allowed or "@" + address.rpartition("@")[2] in (
+            self.approvals_reassign_allowed
+        )
+
+    @property
+    def is_dev(self) -> bool:
+        return self.countersign_env in ("dev", "test")
+
+    @property
+    def signing_kid(self) -> str:
+        """The key that signs new links: the first one listed."""
+        return next(iter(self.approvals_signing_keys))
+
+    @property
+    def journal_kid(self) -> str | None:
+        """The key that encrypts new journal values: the first one listed (None: no encryption)."""
+        return next(iter(self.countersign_journal_keys), None)
+
+
+def parse_tools_spec(raw: str) -> tuple[str, ...]:
+    """`package.module:ATTR[,package.module:ATTR...]`, each checked for form (ValueError otherwise)."""
+    specs = tuple(s.strip() for s in raw.split(",") if s.strip())
+    for spec in specs:
+        if not _TOOLS_SPEC.match(spec):
+            raise ValueError(f"{spec!r} is not package.module:ATTRIBUTE")
+    if len(set(specs)) != len(specs):
+        raise ValueError("the same module:attribute is listed twice")
+    return specs
+
+
+def parse_journal_keys(raw: str) -> dict[str, bytes]:
+    """`kid:base64key[,kid:base64key...]` (32-byte AES keys; standard or URL-safe base64), in order."""
+    keys: dict[str, bytes] = {}
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        kid, sep, encoded = item.strip().partition(":")
+        if not sep or not kid.isalnum() or len(kid) > 16 or kid in keys:
+            raise ValueError("COUNTERSIGN_JOURNAL_KEYS must be comma-separated kid:base64key pairs, distinct kids")
+        standard = encoded.replace("-", "+").replace("_", "/")
+        try:
+            key = base64.b64decode(standard + "=" * (-len(standard) % 4), validate=True)
+        except binascii.Error:
+            key = b""
+        if len(key) != 32:
+            raise ValueError(f"journal key {kid!r} must be 32 random bytes, base64-encoded (AES-256)")
+        keys[kid] = key
+    return keys
+
+
+@functools.cache
+def get_settings() -> Settings:
+    return Settings()
+
+
+def require_signing_keys(settings: Settings) -> None:
+    if not settings.approvals_signing_keys:
+        raise SystemExit(
+            "APPROVALS_SIGNING_KEYS is not set: give one or more kid:secret pairs (secret >= 32 chars), "
+            "e.g. APPROVALS_SIGNING_KEYS=k1:$(python -c 'import secrets;print(secrets.token_urlsafe(32))')"
+        )
+
+
+def require_production_keys(settings: Settings) -> None:
+    """Outside dev/test, refuse to serve an endpoint anyone can invoke or a journal in plaintext."""
+    if settings.is_dev:
+        return
+    if not settings.restate_identity_keys:
+        raise SystemExit(
+            "RESTATE_IDENTITY_KEYS is not set: without it anyone who can reach the endpoint can invoke it. "
+            "Give the publickeyv1_... key of your Restate server (or set COUNTERSIGN_ENV=dev for local work)."
+        )
+    if not settings.countersign_journal_keys:
+        raise SystemExit(
+            "COUNTERSIGN_JOURNAL_KEYS is not set: journal values (arguments, emails) would be stored in plaintext. "
+            "Give kid:base64key pairs of 32 random bytes, e.g. COUNTERSIGN_JOURNAL_KEYS=j1:$(openssl rand -base64 32)"
+        )

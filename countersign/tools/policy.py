@@ -1,0 +1,494 @@
+"""Which tool calls need a person, which people, and how long they have.
+
+Guarantee: a policy is overridable per tool from the TOML file in `APPROVALS_POLICY_FILE`, and
+`evaluate` resolves it into plain data (the condition's answer, a concrete tuple of approvers and a
+text of the rule), so the agent loop journals that answer once, inside the model turn's step, and a
+replay re-uses it: neither a policy-file change nor an approver callable can re-route a replay.
+Conditions fail closed: a missing argument, a type error or an exception in a condition gates the call.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import operator
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime, time
+from decimal import Decimal, InvalidOperation
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal, TypeAlias
+
+import cel
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import to_jsonable_python
+
+from countersign.contract import EMAIL_PATTERN, ModelRetiredChoice, StopReason
+from countersign.tools import checkpoints
+
+log = logging.getLogger(__name__)
+
+MAX_DEADLINE_SECONDS = 7 * 24 * 3600
+ChannelName = Literal["email", "slack"]
+"""The channels an approval request can go out through (see countersign.channels)."""
+MAX_CONDITION_LENGTH = 2000
+# Today's one-comparison form (`amount_usd > 500`): evaluated exactly as it always was, in Decimal
+# arithmetic on the argument's value; every other condition is a CEL expression.
+_CONDITION = re.compile(r"^\s*([a-z_][a-z0-9_]*)\s*(>=|<=|==|!=|>|<)\s*(-?\d+(?:\.\d+)?)\s*$")
+# The standard CEL functions the runtime provides (macros such as `has` and `exists` expand to operators).
+_CEL_FUNCTIONS = frozenset(
+    {"size", "matches", "startsWith", "endsWith", "contains", "int", "uint", "double", "string", "bytes", "dyn"}
+    | {"type", "timestamp", "duration", "getFullYear", "getMonth", "getDate", "getDayOfMonth", "getDayOfWeek"}
+    | {"getDayOfYear", "getHours", "getMinutes", "getSeconds", "getMilliseconds"}
+)
+_CEL_OPERATOR = re.compile(r"^([^A-Za-z0-9]+|@in|@not_strictly_false)$")
+_OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+
+
+@dataclass(frozen=True)
+class ApproverContext:
+    """What an approver callable is told about the call it names approvers for."""
+
+    tool: str
+    args: Any
+    """The validated arguments (an instance of the tool's `args_model`)."""
+    requester: str
+    tenant: str
+
+
+Condition: TypeAlias = str | Callable[[Any], bool]
+"""A CEL expression over the arguments (`amount_usd > 500 && region in ["eu", "uk"]`), or a callable
+that receives the validated arguments and returns True when the call needs approval."""
+ApproverSource: TypeAlias = Sequence[str] | Callable[[ApproverContext], Sequence[str]]
+"""Approvers' emails, or a callable that names them for one call (the requester's manager, on-call)."""
+
+
+class PolicyError(Exception):
+    """The policy could not be resolved for one call (an approver callable failed or named no one valid)."""
+
+
+class PlanPolicy(BaseModel):
+    """Post-plan gating for one tool (`[tools.<name>.plan]`): a run that may call it asks the model for
+    a plan first; approved once, the calls inside it run without a new approval."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    on_deviation: Literal["ask", "refuse"] = "ask"
+    """A gated call of this tool outside the approved plan: a fresh approval, or refused."""
+
+
+class ToolPolicy(BaseModel):
+    """How one tool is gated. `when` is a condition such as `amount_usd > 500`; None means always."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gated: bool = False
+    when: Condition | None = None
+    approvers: tuple[str, ...] = ()
+    """Emails. `ToolPolicy(approvers=callable)` is accepted too: it is kept in `approvers_from`."""
+    approvers_from: Callable[[ApproverContext], Sequence[str]] | None = Field(default=None, exclude=True)
+    """Names the approvers of one gated call; resolved into `approvers` by `evaluate` (never journaled)."""
+    quorum: int = Field(default=1, ge=1)
+    deadline_seconds: int = Field(default=24 * 3600, ge=1, le=MAX_DEADLINE_SECONDS)
+    reminders_seconds: tuple[int, ...] = ()
+    escalate_after_seconds: int | None = Field(default=None, ge=1)
+    escalate_to: tuple[str, ...] = ()
+    timeout_outcome: Literal["deny", "allow", "fail"] = "deny"
+    low_risk: bool = False
+    on_superseded: Literal["reapprove", "tell_model"] = "reapprove"
+    high_stakes: bool = False
+    """High-stakes approvals need the approver to type the amount, id or fingerprint to confirm."""
+    high_stakes_when: Condition | None = None
+    # Checkpoint placement (issue 17), kept together: post-plan gating.
+    plan: PlanPolicy | None = None
+    """Ask for a plan before calls of this tool (see PlanPolicy); None: pre-act gating only."""
+
+    # Confidence-gated checkpoints: reasons to stop a call that the fields above let run alone
+    # (never to let one run): see countersign.tools.checkpoints.
+    gate_below_confidence: float | None = Field(default=None, ge=0, le=1)
+    """Stop a call whose reported confidence (0..1) is below this, or that reports none."""
+    checks: tuple[str, ...] = Field(default=(), max_length=checkpoints.MAX_CHECKS)
+    """CEL expressions over `args` and `results` (the run's earlier results by tool name) that must hold."""
+    # When the pinned model is gone as the run goes on after this tool's approval.
+    on_model_retired: ModelRetiredChoice | None = None
+    """"end", or {"successor": "<model id>"}; a run's own choice (AgentTask.on_model_retired) comes first."""
+    channels: tuple[ChannelName, ...] = ("email",)
+    """How the request reaches each approver: `email` (the default), `slack`, or both."""
+    approver_channels: dict[str, tuple[ChannelName, ...]] = Field(default_factory=dict)
+    """Per approver (email -> channels), instead of `channels` for that person."""
+    slack_channel: str | None = Field(default=None, pattern=r"^[A-Za-z0-9#][A-Za-z0-9._#-]{0,79}$")
+    """A Slack channel (id or name) to post the request in, instead of a DM to each approver."""
+
+    def channels_for(self, approver: str) -> tuple[ChannelName, ...]:
+        return self.approver_channels.get(approver.lower(), self.channels)
+
+    def uses_channel(self, channel: ChannelName) -> bool:
+        return channel in self.channels or any(channel in c for c in self.approver_channels.values())
+
+    @field_validator("channels")
+    @classmethod
+    def _check_channels(cls, channels: tuple[ChannelName, ...]) -> tuple[ChannelName, ...]:
+        return _distinct_channels(channels)
+
+    @field_validator("approver_channels")
+    @classmethod
+    def _check_approver_channels(cls, table: dict[str, tuple[ChannelName, ...]]) -> dict[str, tuple[ChannelName, ...]]:
+        for approver, channels in table.items():
+            if not re.fullmatch(EMAIL_PATTERN, approver):
+                raise ValueError(f"approver_channels: {approver!r} is not an email address")
+            _distinct_channels(channels)
+        return {a.lower(): c for a, c in table.items()}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _approvers_in_code(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and callable(data.get("approvers")):
+            if data.get("approvers_from") is not None:
+                raise ValueError("give approvers as a list or as a callable, not both")
+            return {**data, "approvers": (), "approvers_from": data["approvers"]}
+        return data
+
+    @field_validator("when", "high_stakes_when")
+    @classmethod
+    def _check_condition(cls, when: Condition | None) -> Condition | None:
+        if isinstance(when, str):
+            check_condition(when)
+        return when
+
+    @field_validator("checks")
+    @classmethod
+    def _check_checks(cls, checks: tuple[str, ...]) -> tuple[str, ...]:
+        for expression in checks:
+            checkpoints.check_expression(expression)
+        return checks
+
+    @property
+    def has_checkpoints(self) -> bool:
+        return self.gate_below_confidence is not None or bool(self.checks)
+
+    @field_validator("approvers", "escalate_to")
+    @classmethod
+    def _check_approvers(cls, approvers: tuple[str, ...]) -> tuple[str, ...]:
+        for approver in approvers:
+            if not re.fullmatch(EMAIL_PATTERN, approver):
+                raise ValueError(f"approver {approver!r} is not an email address")
+        normalized = tuple(a.lower() for a in approvers)
+        if len(set(normalized)) != len(normalized):
+            raise ValueError("the same person is listed twice (one person counts once)")
+        return normalized
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ToolPolicy:
+        # Approvers named by a callable are counted when it has named them (see `evaluate`).
+        if self.approvers_from is not None and self.approvers:
+            raise ValueError("give approvers as a list or as a callable, not both")
+        if self.approvers_from is None:
+            if self.gated and not self.approvers:
+                raise ValueError("a gated tool needs at least one approver")
+            if self.has_checkpoints and not self.approvers:
+                raise ValueError("gate_below_confidence and checks need at least one approver (who is asked)")
+            if self.quorum > max(1, len(self.approvers)):
+                raise ValueError(f"quorum {self.quorum} needs at least {self.quorum} approvers")
+        if self.quorum > 1 and self.escalate_to:
+            raise ValueError("escalation is for single-approver tools (quorum 1)")
+        if self.escalate_to and not self.escalate_after_seconds:
+            raise ValueError("escalate_to needs escalate_after_seconds")
+        if self.high_stakes_when and not self.high_stakes:
+            raise ValueError("high_stakes_when needs high_stakes = true")
+        if self.high_stakes and self.low_risk:
+            raise ValueError("a tool cannot be both low_risk and high_stakes")
+        if self.timeout_outcome == "allow" and not self.low_risk:
+            raise ValueError("timeout_outcome 'allow' is only for tools marked low_risk")
+        if any(r <= 0 or r >= self.deadline_seconds for r in self.reminders_seconds):
+            raise ValueError(
+                f"reminders_seconds {list(self.reminders_seconds)} must fall between 0 and "
+                f"deadline_seconds {self.deadline_seconds} (set reminders_seconds = [] to have none)"
+            )
+        return self
+
+    def describe(self, tool: str) -> str:
+        unless = self._checkpoints_text()
+        if not self.gated:
+            return f"{tool}: autonomous" + (f" unless {unless}" if unless else "")
+        condition = f" when {describe_condition(self.when)}" if self.when else " always"
+        if callable(self.when):
+            condition += " holds"  # "when a condition in code holds", "when big_refund() holds"
+        if self.approvers_from is not None:
+            named = f"the approvers named by {_name_of(self.approvers_from, 'a function in code')}"
+            who = f", {self.quorum} of {named}" if self.quorum > 1 else f", by {named}"
+        else:
+            who = f", {self.quorum} of {len(self.approvers)} approvers" if self.quorum > 1 else ""
+        return f"{tool}: needs approval{condition}{who}" + (f"; also when {unless}" if unless else "")
+
+    def _checkpoints_text(self) -> str:
+        parts = []
+        if self.gate_below_confidence is not None:
+            parts.append(f"the model's confidence is below {self.gate_below_confidence:.2f}")
+        parts += [f"check `{c}` fails" for c in self.checks]
+        return " or ".join(parts)
+
+
+def _distinct_channels(channels: tuple[ChannelName, ...]) -> tuple[ChannelName, ...]:
+    if not channels or len(set(channels)) != len(channels):
+        raise ValueError("channels must name at least one of email, slack, each once")
+    return channels
+
+
+class PolicyVerdict(BaseModel):
+    """The journaled answer for one call: gated or not, and the whole deadline policy that applies.
+
+    `policy` is plain data: a condition or approvers given as callables were resolved by `evaluate`
+    (the condition's answer is `gated`/`high_stakes`, its text is in `rule`)."""
+
+    gated: bool
+    rule: str
+    policy: ToolPolicy
+    high_stakes: bool = False
+    version: str = ""
+    """`policy_version` of the tool's policy that gave this answer (empty in older journals)."""
+    stopped_because: list[StopReason] = Field(default_factory=list)
+    """Why a call the policy would let run alone was stopped (confidence, failed checks); may be set on
+    a gated call too, where it tells the approver what else was wrong."""
+    webhooks: bool = True
+    """Whether the tenant had webhook endpoints when this answer was journaled: the call's events are
+    sent only then, so a replay never depends on the configuration (older journals: sent)."""
+
+
+def evaluate(
+    tool: str,
+    policy: ToolPolicy,
+    args: BaseModel | Mapping[str, Any],
+    *,
+    requester: str = "",
+    tenant: str = "",
+    confidence: float | None = None,
+    results: Mapping[str, Any] | None = None,
+) -> PolicyVerdict:
+    """The policy's answer for one call, as plain data. `args` should be the validated arguments
+    (a Mapping of JSON values is accepted too, as in tests). Raises PolicyError when approvers given
+    as a callable cannot be named for a gated call; the call must then not run. `confidence` (what
+    the model reported) and `results` (the run's earlier results by tool name) feed the checkpoints."""
+    stopped = (
+        checkpoints.stops(
+            below=policy.gate_below_confidence,
+            checks=policy.checks,
+            args=cel_arguments(args),
+            results=cel_arguments(results or {}),
+            confidence=confidence,
+        )
+        if policy.has_checkpoints
+        else []
+    )
+    gated = (policy.gated and (policy.when is None or condition_holds(policy.when, args))) or bool(stopped)
+    high = policy.high_stakes and (policy.high_stakes_when is None or condition_holds(policy.high_stakes_when, args))
+    resolved = _resolved(tool, policy, gated, ApproverContext(tool, args, requester, tenant))
+    return PolicyVerdict(
+        gated=gated,
+        rule=policy.describe(tool),
+        policy=resolved,
+        high_stakes=gated and high,
+        version=policy_version(tool, policy),
+        stopped_because=stopped,
+    )
+
+
+def policy_version(tool: str, policy: ToolPolicy) -> str:
+    """A short name of exactly this policy of `tool` (`p-` and 12 hex digits of a digest of its fields;
+    a condition or approvers in code by their function's name): it changes when the policy does, so
+    an audit entry can say which policy let a call run alone."""
+    plain = policy.model_dump(mode="json", exclude={"when", "high_stakes_when", "approvers_from"})
+    # How the request is delivered is not what gates the call: left at their defaults these fields
+    # are not part of the version, so the versions of existing policies stay what they were.
+    for name, default in (("channels", ["email"]), ("approver_channels", {}), ("slack_channel", None)):
+        if plain.get(name) == default:
+            plain.pop(name, None)
+    plain["when"] = None if policy.when is None else describe_condition(policy.when)
+    plain["high_stakes_when"] = None if policy.high_stakes_when is None else describe_condition(policy.high_stakes_when)
+    plain["approvers_from"] = None if policy.approvers_from is None else _name_of(policy.approvers_from, "code")
+    if plain.get("plan") is None:  # a policy without a plan keeps the version it had before plans existed
+        plain.pop("plan", None)
+    for name in ("gate_below_confidence", "checks", "on_model_retired"):
+        if not plain.get(name):  # left out at their defaults: the versions of older policies stay as they were
+            plain.pop(name, None)
+    canonical = json.dumps({"tool": tool, "policy": plain}, sort_keys=True, separators=(",", ":"))
+    return "p-" + hashlib.sha256(b"countersign.policy.v1\x00" + canonical.encode()).hexdigest()[:12]
+
+
+def _resolved(tool: str, policy: ToolPolicy, gated: bool, context: ApproverContext) -> ToolPolicy:
+    changes: dict[str, Any] = {}
+    if callable(policy.when):
+        changes["when"] = None
+    if callable(policy.high_stakes_when):
+        changes["high_stakes_when"] = None
+    if policy.approvers_from is not None:
+        changes["approvers_from"] = None
+        if gated:
+            changes["approvers"] = _named(tool, policy.approvers_from, context)
+        else:  # nobody is asked about this call, so nobody needs naming
+            changes.update(gated=False, approvers=(), quorum=1, gate_below_confidence=None, checks=())
+    if not changes:
+        return policy
+    try:
+        return ToolPolicy.model_validate({**policy.model_dump(), **changes})
+    except ValidationError as exc:
+        raise PolicyError(f"the approvers named for {tool} are not valid: {errors_text(exc)}") from None
+
+
+def _named(tool: str, source: Callable[[ApproverContext], Sequence[str]], context: ApproverContext) -> tuple[str, ...]:
+    try:
+        named = source(context)
+    except Exception as exc:
+        log.warning("the approvers of %s could not be named: %r", tool, exc)
+        raise PolicyError(f"the approvers of {tool} could not be named: {type(exc).__name__}: {exc}") from None
+    if isinstance(named, str | bytes) or not isinstance(named, Sequence | set | frozenset):
+        raise PolicyError(f"the approvers of {tool} must be a list of emails, not {type(named).__name__}")
+    if not all(isinstance(n, str) for n in named):
+        raise PolicyError(f"the approvers of {tool} must be a list of emails (strings)")
+    return tuple(named)
+
+
+def condition_holds(when: Condition, args: BaseModel | Mapping[str, Any]) -> bool:
+    """Whether the call meets the condition; True (gated) on any doubt."""
+    if callable(when):
+        try:
+            result = when(args)
+        except Exception as exc:
+            log.warning("condition %s raised %r: the call is gated", describe_condition(when), exc)
+            return True
+        return result if isinstance(result, bool) else True
+    legacy = _CONDITION.match(when)
+    if legacy is not None:
+        field, op, threshold = legacy.groups()
+        return _comparison_holds(field, op, threshold, args)
+    try:
+        result = _program(when).execute(cel_arguments(args))
+    except Exception:  # an undefined field, no such overload, a value CEL cannot hold: fail closed
+        return True
+    return result if isinstance(result, bool) else True
+
+
+def _comparison_holds(field: str, op: str, threshold: str, args: BaseModel | Mapping[str, Any]) -> bool:
+    if isinstance(args, BaseModel):
+        if field not in type(args).model_fields:
+            return True
+        value = getattr(args, field)
+    elif field in args:
+        value = args[field]
+    else:
+        return True  # a condition on a missing field cannot clear the gate: fail closed
+    try:
+        number = Decimal(str(value))
+    except InvalidOperation:
+        return True
+    if not number.is_finite():
+        return True
+    return _OPERATORS[op](number, Decimal(threshold))
+
+
+def check_condition(when: str) -> None:
+    """Raise ValueError unless `when` is a condition this module can evaluate."""
+    if len(when) > MAX_CONDITION_LENGTH:
+        raise ValueError(f"condition is longer than {MAX_CONDITION_LENGTH} characters")
+    if _CONDITION.match(when):
+        return
+    try:
+        program = _program(when)
+    except ValueError as exc:
+        first = (str(exc).splitlines() or ["syntax error"])[0]
+        raise ValueError(
+            f"condition {when!r} is not a valid CEL expression ({first.rpartition('ERROR: ')[2]}); "
+            'e.g. \'amount_usd > 500 && region in ["eu", "uk"]\''
+        ) from None
+    unknown = sorted(f for f in program.functions() if f not in _CEL_FUNCTIONS and not _CEL_OPERATOR.match(f))
+    if unknown:
+        # It would fail (closed) on every call: a mistake to report now, not a gate that is always shut.
+        raise ValueError(f"condition {when!r} calls {', '.join(unknown)}, not a CEL function")
+
+
+def condition_variables(when: Condition) -> list[str]:
+    """The names a string condition refers to (including names bound inside macros); [] for a callable."""
+    if callable(when):
+        return []
+    legacy = _CONDITION.match(when)
+    return [legacy.group(1)] if legacy else list(_program(when).variables())
+
+
+@functools.lru_cache(maxsize=512)
+def _program(when: str) -> cel.Program:
+    return cel.compile(when)
+
+
+def cel_arguments(args: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments as CEL values, each named directly: Decimals become doubles (so `amount_usd > 500`
+    compares numbers), nested models become maps (`address.country == "DE"`), enums their values."""
+    if isinstance(args, BaseModel):
+        return {name: _cel_value(getattr(args, name)) for name in type(args).model_fields}
+    return {str(k): _cel_value(v) for k, v in args.items()}
+
+
+def _cel_value(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str | bytes):
+        return value
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, Enum):
+        return _cel_value(value.value)
+    if isinstance(value, BaseModel):
+        return {name: _cel_value(getattr(value, name)) for name in type(value).model_fields}
+    if isinstance(value, Mapping):
+        return {str(k): _cel_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_cel_value(v) for v in value]
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    return _cel_value(to_jsonable_python(value))
+
+
+def describe_condition(when: Condition) -> str:
+    return when if isinstance(when, str) else _name_of(when, "a condition in code")
+
+
+def _name_of(source: Callable[..., Any], anonymous: str) -> str:
+    name = str(getattr(source, "__qualname__", None) or type(source).__name__)
+    return anonymous if name.endswith("<lambda>") else f"{name}()"
+
+
+def errors_text(exc: ValidationError) -> str:
+    """A pydantic error on one line: `field: message; ...`."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'policy'}: {e['msg']}" for e in exc.errors())
+
+
+def load_overrides(path: Path | None) -> dict[str, dict[str, Any]]:
+    """Per-tool overrides from the policy file: `[tools.<name>]` tables of ToolPolicy fields."""
+    if path is None:
+        return {}
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SystemExit(f"APPROVALS_POLICY_FILE {path}: {exc}") from exc
+    tools = data.get("tools", {})
+    if not isinstance(tools, dict) or set(data) - {"tools"}:
+        raise SystemExit(f"APPROVALS_POLICY_FILE {path}: expected only [tools.<name>] tables")
+    return {str(name): dict(table) for name, table in tools.items()}
+
+
+def merge(default: ToolPolicy, override: Mapping[str, Any] | None, *, source: str) -> ToolPolicy:
+    if not override:
+        return default
+    try:
+        kept = {} if "approvers" in override else {"approvers_from": default.approvers_from}
+        return ToolPolicy.model_validate({**default.model_dump(), **kept, **override})
+    except ValidationError as exc:
+        raise SystemExit(f"{source}: {errors_text(exc)}") from None

@@ -1,0 +1,62 @@
+"""`GET /inbox/{token}`: an approver's own list of what waits for them, with a link to each.
+
+Guarantee: read-only; the token is signed for one approver, expires, and is refused once that
+approver's inbox links were revoked after it was made (`python -m countersign inbox revoke`); each listed
+link is a fresh approval-link token for that approver's current slot, so the inbox never offers a
+stale one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from countersign.security import links
+from countersign.security.links import LinkInvalid
+from countersign.settings import Settings
+from countersign.web.runs_client import RunCallFailed, RunsClient
+from countersign.web.views import notice, page, remaining, when
+
+
+class InboxPage:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def routes(self) -> list[Route]:
+        return [Route("/inbox/{token}", self.show, methods=["GET", "HEAD"])]
+
+    async def show(self, request: Request) -> Response:
+        runs: RunsClient = request.app.state.runs
+        keys, now = self.settings.approvals_signing_keys, time.time()
+        try:
+            claims = links.inbox_claims(request.path_params["token"], keys, now)
+            approver = claims.approver
+            view = await runs.inbox(approver)
+            if claims.issued_ms < view.revoked_before_ms:
+                raise LinkInvalid("This inbox link was revoked; the next approval email brings a new one.", status=410)
+            items = [await self._item(runs, approver, entry.approval_id, now) for entry in view.pending]
+        except LinkInvalid as exc:
+            return notice(exc.status, "Link not valid", exc.reason)
+        except RunCallFailed as exc:
+            return notice(exc.status, "Try again", exc.message)
+        return page("inbox.html", approver=approver, items=[i for i in items if i is not None])
+
+    async def _item(self, runs: RunsClient, approver: str, approval_id: str, now: float) -> dict[str, Any] | None:
+        status = await runs.status(approval_id)
+        record = next((a for a in status.approvals if a.approval_id == approval_id), None)
+        if record is None or record.state != "pending":
+            return None
+        slots = [s for s in record.active_slots if record.approvers[s] == approver]
+        if not slots:
+            return None
+        token = links.mint(record, slots[0], self.settings.approvals_signing_keys, self.settings.signing_kid)
+        return {
+            "record": record,
+            "url": f"{self.settings.approvals_public_url}/approvals/{token}",
+            "age": when(record.requested_at),
+            "remaining": remaining(record.deadline, now),
+        }
