@@ -101,7 +101,9 @@ def test_digest_is_canonical_and_covers_everything() -> None:
     assert a != action_digest("s", 1, "issue_refund", {"order_id": 1, "amount_usd": "600.00"})
 
 
-def test_outbox_rewrites_the_same_file_for_the_same_intent(tmp_path: Path) -> None:
+def test_outbox_keeps_the_first_file_for_an_intent(tmp_path: Path) -> None:
+    """One file per intent: a retried send, or another message under the same key (a second caller
+    at a placement already asked), leaves the first as it was, as a provider's idempotency key does."""
     mailer = OutboxMailer(tmp_path, "Countersign <a@countersign.local>")
     message = OutgoingEmail(
         to=["x@example.com"],
@@ -114,16 +116,24 @@ def test_outbox_rewrites_the_same_file_for_the_same_intent(tmp_path: Path) -> No
     )
     first = mailer.send(message)
     files = list(tmp_path.glob("*.eml"))
-    before = email.message_from_bytes(files[0].read_bytes(), policy=email.policy.default)
-    second = mailer.send(message)
-    assert first == second and list(tmp_path.glob("*.eml")) == files, "one file per intent, one Message-ID"
-    after = email.message_from_bytes(files[0].read_bytes(), policy=email.policy.default)
-    assert before["Message-ID"] == after["Message-ID"] == first.message_id
-    assert before.get_boundary() != after.get_boundary(), "the boundary is drawn afresh, never derived"
-    for parsed in (before, after):
-        assert parsed["Subject"] == "Approval needed: <b>x</b>"
-        assert [p.get_content_type() for p in parsed.walk()] == ["multipart/alternative", "text/plain", "text/html"]
-        assert [p.get_content() for p in parsed.iter_parts()] == ["text part", "<p>html part</p>"]
+    written = files[0].read_bytes()
+    again = mailer.send(message)
+    other = mailer.send(message.model_copy(update={"text": "a new link", "html": "<p>a new link</p>"}))
+    assert first == again == other and list(tmp_path.glob("*.eml")) == files, "one file per intent, one Message-ID"
+    assert files[0].read_bytes() == written, "the first message stays, byte for byte"
+    assert not list(tmp_path.glob(".tmp-*")), "no temporary file is left behind"
+    before = email.message_from_bytes(written, policy=email.policy.default)
+    assert before["Message-ID"] == first.message_id
+    assert before["Subject"] == "Approval needed: <b>x</b>"
+    assert [p.get_content_type() for p in before.walk()] == ["multipart/alternative", "text/plain", "text/html"]
+    assert [p.get_content() for p in before.iter_parts()] == ["text part", "<p>html part</p>"]
+    # The boundary is drawn afresh for every message written, never derived from the key.
+    mailer.send(message.model_copy(update={"idempotency_key": "approval-request/r-a2/r1/s0"}))
+    boundaries = {
+        email.message_from_bytes(path.read_bytes(), policy=email.policy.default).get_boundary()
+        for path in tmp_path.glob("*.eml")
+    }
+    assert len(boundaries) == 2
 
 
 def test_settings_fail_fast_on_bad_keys() -> None:
