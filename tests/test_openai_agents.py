@@ -236,4 +236,5 @@ def test_the_adapter_without_the_extra_fails_with_a_message_naming_it() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "pip install -c requirements.lock 'countersign-0.1.0-py3-none-any.whl[openai-agents]'" in done.stdout
+    wheel = "countersign_approvals-0.1.0-py3-none-any.whl"
+    assert f"pip install -c requirements.lock '{wheel}[openai-agents]'" in done.stdout

@@ -279,7 +279,7 @@ def test_the_adapter_without_the_extra_names_the_extra_to_install() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr
-    assert "pip install -c requirements.lock 'countersign-0.1.0-py3-none-any.whl[pydantic-ai]'" in done.stdout
+    assert "pip install -c requirements.lock 'countersign_approvals-0.1.0-py3-none-any.whl[pydantic-ai]'" in done.stdout
 
 
 @pytest.fixture()

@@ -78,7 +78,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             shutil.copy2(REPO / path, context / path)
     dist = tmp_path_factory.mktemp("dist")
     pip("wheel", "--no-deps", "--wheel-dir", str(dist), str(context))
-    [built] = dist.glob("countersign-*.whl")
+    [built] = dist.glob("countersign_approvals-*.whl")
     return built
 
 
