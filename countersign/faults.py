@@ -4,7 +4,7 @@ points), the step raise (fail points) or the handler wait (delay points) there.
 Guarantee: honoured only when `COUNTERSIGN_ENV=test`; anywhere else a fault point is a no-op.
 Crash points: `crash-after-effect:<tool>` (execute.py: a tool's effect committed, its step not yet
 journaled), `crash-after-send:<kind>` (mail/deliver.py: the mailer accepted an email, its step not
-yet journaled) and `crash-before-slack-decision` (approval/workflow.py: a Slack submission verified
+yet journaled) and `crash-before-slack-decision` (approval/slack_decision.py: a Slack submission verified
 and journaled, the decision not yet recorded). Delay point: `slow-cancel` (agent/run.py: a run's
 cancel has read the run's state and not yet completed its promise).
 """

@@ -25,8 +25,9 @@ from countersign.approval import ledger
 from countersign.approval.plan import PLAN_TOOL, ApprovedPlan
 from countersign.approval.plan_calls import ask_plan_approval
 from countersign.approval.run_state import RunBook, RunState, load_header, load_run, pending_ids
+from countersign.approval.slots import complete
 from countersign.approval.verdict import cancel_promise, cancel_value
-from countersign.approval.workflow import cancel_approval, complete, pending_of, run_status
+from countersign.approval.workflow import cancel_approval, pending_of, run_status
 from countersign.approval.workflow import decide as approval_decide
 from countersign.approval.workflow import delivery_failed as approval_delivery_failed
 from countersign.approval.workflow import reassign as approval_reassign

@@ -12,25 +12,21 @@ slot's promise wins, and every later one is refused by Restate.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal, Protocol
 
 import restate
 from pydantic import BaseModel
-from restate import DurablePromise, RunOptions, TerminalError, WorkflowContext, WorkflowSharedContext
+from restate import TerminalError, WorkflowContext, WorkflowSharedContext
 
 from countersign import retention
-from countersign import textdiff as diff
-from countersign.approval import confirm, ledger, tally
-from countersign.approval.edits import EditRejected, apply_edits
+from countersign.approval import ledger, tally
 from countersign.approval.gate import Act, GateResult, decide_and_act
-from countersign.approval.plan import apply_plan_edits
-from countersign.approval.run_state import RunBook, RunState, load_approval, load_header, load_run
+from countersign.approval.page_form import submit_form
+from countersign.approval.run_state import RunBook, RunState, load_run
+from countersign.approval.slack_decision import decide_from_slack
+from countersign.approval.slots import LINK_STEP, check_link, complete, linked, record_of, settle_slot, verified
 from countersign.approval.verdict import Verdict, cancel_promise, cancel_value, slot_promise
-from countersign.channels import slack, slack_interactions
-from countersign.channels.slack_interactions import SlackInteraction, SlackSubmission
+from countersign.channels.slack_interactions import SlackInteraction
 from countersign.compact import Compact
 from countersign.contract import (
     ApprovalRecord,
@@ -38,7 +34,6 @@ from countersign.contract import (
     CancelRequest,
     Decision,
     DecisionReceipt,
-    PageNotice,
     PageSubmission,
     PageView,
     PendingApproval,
@@ -47,14 +42,13 @@ from countersign.contract import (
     RunStatus,
     Submitted,
 )
-from countersign.errors import is_already_completed, is_cancellation
-from countersign.faults import crash_point
+from countersign.errors import is_cancellation
 from countersign.inputs import Body
 from countersign.objects import bookkeeping
 from countersign.objects.audit import AuditEntry
 from countersign.objects.delivery import DeliveryFailure
 from countersign.security import links
-from countersign.security.links import LinkInvalid, LinkState
+from countersign.security.links import LinkInvalid
 from countersign.security.redact import clean_failures
 from countersign.settings import get_settings
 from countersign.tools import default_registry
@@ -154,77 +148,15 @@ def pending_of(record: ApprovalRecord, now: float) -> PendingApproval:
     )
 
 
-async def _record(ctx: WorkflowSharedContext) -> ApprovalRecord | None:
-    header = await load_header(ctx)
-    return await load_approval(ctx, header, ctx.key()) if header else None
-
-
-class SlotDecision(Protocol):
-    """What a person decided, from any channel (`Decision` from the page, `SlackDecision`)."""
-
-    @property
-    def verdict(self) -> Literal["approve", "reject"]: ...
-    @property
-    def reason(self) -> str: ...
-    @property
-    def confirm(self) -> str: ...
-    @property
-    def client(self) -> str: ...
-
-
-class LinkCheck(BaseModel):
-    """Journaled result of checking a token, so a key rotation cannot change a replayed branch."""
-
-    state: LinkState | Literal["invalid"]
-    reason: str = ""
-    status: int = 200
-    slot: int = -1
-    now: float
-
-
-# A link check is pure but for the clock and the keys; a failure can only be a bug of ours, so a
-# click gets a few quick attempts and then a clear error, never the invocation's long retry policy.
-_LINK_STEP = RunOptions[LinkCheck](max_attempts=3, initial_retry_interval=timedelta(milliseconds=50))
-
-
-def _check_link(token: str, record: ApprovalRecord) -> LinkCheck:
-    now = time.time()
-    try:
-        claims, state = links.check(token, record, get_settings().approvals_signing_keys, now)
-    except LinkInvalid as exc:
-        return LinkCheck(state="invalid", reason=exc.reason, status=exc.status, now=now)
-    return LinkCheck(state=state, slot=claims.slot, now=now)
-
-
-async def _linked(ctx: WorkflowSharedContext, token: str) -> tuple[links.LinkClaims, ApprovalRecord]:
-    """What a link claims and the record of this approval it names; a 4xx unless it names this one."""
-    try:
-        claims = links.parse(token)
-    except LinkInvalid as exc:
-        raise TerminalError(exc.reason, exc.status) from None
-    record = await _record(ctx) if links.approval_id(claims.run_id, claims.index) == ctx.key() else None
-    if record is None:
-        raise TerminalError("This link is not valid.", 403)
-    return claims, record
-
-
-async def _verified(ctx: WorkflowSharedContext, token: str, record: ApprovalRecord) -> LinkCheck:
-    """The journaled check of the link's signature and standing; a 4xx when it is not authentic."""
-    check = await ctx.run_typed("verify link", _check_link, _LINK_STEP, token=token, record=record)
-    if check.state == "invalid":
-        raise TerminalError(check.reason, check.status)
-    return check
-
-
 @approval.handler(name="decide", input_serde=Body(Decision), journal_retention=retention.NO_JOURNAL)
 async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionReceipt:
     """Record one approver's verdict. Re-verifies the link token itself; the first completion wins."""
-    claims, record = await _linked(ctx, decision.token)
+    claims, record = await linked(ctx, decision.token)
     promise = ctx.promise(slot_promise(record.approval_id, claims.round, claims.slot), type_hint=Verdict)
     # Asked before the link check and answered alongside it (one round trip fewer after a click);
     # its answer is read only once the link is known to be authentic.
     peeked = promise.peek()
-    check = await _verified(ctx, decision.token, record)
+    check = await verified(ctx, decision.token, record)
     return await settle_slot(
         ctx, record, claims.round, claims.slot, check, decision, edits=decision.edits, via="email", peeked=peeked
     )
@@ -234,208 +166,8 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
 async def submit(ctx: WorkflowSharedContext, form: PageSubmission) -> Submitted:
     """An approval page's POST in one invocation: the approval's status, and its decision made with
     `decide`'s own checks (the link re-verified here, the first completion wins), or why it was not
-    made (the refusal page to show), or what the page does itself (`Submitted.takeover`). The page
-    checked the request's origin, CSRF value and size before calling; the order of the checks here
-    is the page's: the link, then the form (verdict, reason, edits to review), then the decision."""
-    try:
-        links.parse(form.token)
-    except LinkInvalid as exc:  # not a link at all (the page never sends one): bad input, a 400
-        raise TerminalError(exc.reason, exc.status) from None
-    if await load_header(ctx) is None:
-        # Not saved yet (the email goes out just before), or never: the page waits for the record
-        # with reads, as for a GET; nothing is verified, nothing decided.
-        return Submitted(takeover="unknown")
-    try:
-        claims, record = await _linked(ctx, form.token)
-    except TerminalError as exc:
-        return Submitted(refused=_link_refusal(exc))
-    if len(record.batch) > 1:
-        # The batch page reads its items afresh, checks the link and decides item by item (`decide`).
-        return Submitted(record=record, takeover="batch")
-    promise = ctx.promise(slot_promise(record.approval_id, claims.round, claims.slot), type_hint=Verdict)
-    peeked = promise.peek()  # as in `decide`: asked alongside the link check, read once it passed
-    try:
-        check = await _verified(ctx, form.token, record)
-    except TerminalError as exc:
-        return Submitted(record=record, refused=_link_refusal(exc))
-    verdict: Literal["approve", "reject"]
-    match form.verdict:
-        case "approve":
-            verdict = "approve"
-        case "reject":
-            verdict = "reject"
-        case _:
-            return Submitted(record=record, refused=PageNotice(status=400, title="Choose a verdict", text=_PRESS))
-    reason = form.reason.strip()
-    if verdict == "reject" and not reason:
-        return Submitted(record=record, refused=PageNotice(status=400, title="Reason required", text=_WHY))
-    if len(reason) > 2000:
-        return Submitted(record=record, refused=PageNotice(status=400, title="Reason too long", text=_SHORTER))
-    # Every field the form carries, offered or not: `decide`'s rules refuse one that may not be edited
-    # (a 400 that decides nothing), where dropping it would approve what the approver did not ask.
-    edits = {k: diff.normalized(v).strip() for k, v in form.edits.items()}
-    read = {"verdict": verdict, "reason": reason, "edits": edits, "confirm": form.confirm}
-    # A long text changed: the approver sees the diff first; only the review's own form, carrying
-    # the fingerprint of exactly these edits, decides.
-    if verdict == "approve" and diff.changes(record.args, edits) and form.reviewed != diff.marker(edits):
-        # Only edits that would be accepted are shown for review; others are refused here, by the
-        # decision's own check, before a person spends time on a diff of them.
-        try:
-            _checked_edits(record, verdict, edits)
-        except TerminalError as exc:
-            notice = PageNotice(status=400, title="Not decided", text=f"{exc.message} Nothing was decided.")
-            return Submitted(record=record, refused=notice)
-        return Submitted.model_validate({"record": record, "takeover": "review", **read})
-    decision = _PageDecision(verdict=verdict, reason=reason, confirm=form.confirm, client=form.client)
-    # Its refusals (a replaced or expired link, edits or a confirmation that do not fit) are 4xx
-    # errors, as `decide`'s are: the page shows them as "Not decided".
-    receipt = await settle_slot(
-        ctx, record, claims.round, claims.slot, check, decision, edits=edits, via="email", peeked=peeked
-    )
-    return Submitted.model_validate({"record": record, "receipt": receipt, **read})
-
-
-_PRESS = "Press Approve or Reject."
-_WHY = "Say why you reject, so the agent can act on it. Nothing was decided."
-_SHORTER = "Keep the reason under 2000 characters. Nothing was decided."
-
-
-@dataclass(frozen=True)
-class _PageDecision:
-    """A page's verdict as `settle_slot` takes it (a `SlotDecision`)."""
-
-    verdict: Literal["approve", "reject"]
-    reason: str
-    confirm: str
-    client: str
-
-
-def _link_refusal(exc: TerminalError) -> PageNotice:
-    """The page for a link that does not verify, as a page that checked it itself shows it."""
-    if is_cancellation(exc) or exc.status_code >= 500:
-        raise exc
-    title = "Link expired" if exc.status_code == 410 else "Link not valid"
-    return PageNotice(status=exc.status_code, title=title, text=exc.message)
-
-
-async def settle_slot(
-    ctx: WorkflowSharedContext,
-    record: ApprovalRecord,
-    round_: int,
-    slot: int,
-    check: LinkCheck,
-    decision: SlotDecision,
-    *,
-    edits: dict[str, str],
-    via: str,
-    peeked: Awaitable[Verdict | None] | None = None,
-) -> DecisionReceipt:
-    """Complete one slot's decision promise with a person's verdict, whichever channel carried it
-    (the channel checked who they are first); a 4xx that decides nothing when it does not fit.
-    `peeked`: the slot's promise, already asked for by the caller."""
-    promise = ctx.promise(slot_promise(record.approval_id, round_, slot), type_hint=Verdict)
-    if peeked is None:
-        peeked = promise.peek()
-    # An authentic link whose slot is already decided learns by whom, whatever its round or expiry.
-    if (winner := await peeked) is not None:
-        return _receipt(record, winner, accepted=False)
-    if check.state == "replaced":
-        raise TerminalError("This link was replaced by a newer one; use the most recent email.", 410)
-    if check.state == "expired":
-        raise TerminalError("This link has expired.", 410)
-    reason = decision.reason.strip()
-    if decision.verdict == "reject" and not reason:
-        raise TerminalError("A reason is required to reject.", 400)
-    changed = _checked_edits(record, decision.verdict, edits)
-    wanted = confirm.expected(record, changed) if decision.verdict == "approve" else None
-    if wanted is not None and not confirm.matches(decision.confirm, wanted):
-        raise TerminalError(confirm.REFUSAL, 400)
-    verdict = Verdict(
-        kind=decision.verdict,
-        slot=slot,
-        round=round_,
-        digest=record.digest,
-        at=check.now,
-        by=record.approvers[slot],
-        reason=reason or None,
-        edits=changed or None,
-        client=decision.client,
-        via=via,
-    )
-    try:
-        await promise.resolve(verdict)
-    except TerminalError as exc:
-        if not is_already_completed(exc):
-            raise
-        return _receipt(record, await promise.value(), accepted=False)
-    return _receipt(record, verdict, accepted=True)
-
-
-def _checked_edits(record: ApprovalRecord, verdict: str, edits: dict[str, str]) -> dict[str, Any]:
-    """The fields the approver actually changed, validated; a 400 that decides nothing otherwise."""
-    if record.kind == "plan":
-        return _checked_plan_edits(record, verdict, edits)
-    proposed = {k: v for k, v in edits.items() if str(record.args.get(k)) != v}
-    if not proposed:
-        return {}
-    if verdict != "approve":
-        raise TerminalError("Edits go with an approval, not a rejection.", 400)
-    tool = default_registry().get(record.tool)
-    if tool is None or not record.editable:
-        raise TerminalError("This action cannot be edited.", 400)
-    try:
-        return apply_edits(tool, record.args, proposed)[1]
-    except EditRejected as exc:
-        raise TerminalError(str(exc), 400) from None
-
-
-def _checked_plan_edits(record: ApprovalRecord, verdict: str, edits: dict[str, str]) -> dict[str, Any]:
-    """A plan's edits (drop a step, lower a count or a bound), validated; a 400 otherwise."""
-    if not edits:
-        return {}
-    try:
-        changed = apply_plan_edits(record.args, edits)[1]
-    except EditRejected as exc:
-        raise TerminalError(str(exc), 400) from None
-    if changed and verdict != "approve":
-        raise TerminalError("Edits go with an approval, not a rejection.", 400)
-    # What is kept is the approver's own form values for exactly what changed, so the approval's
-    # workflow applies the same edits again.
-    return {k: v for k, v in edits.items() if k in changed}
-
-
-_SLOT_STATE = {
-    "reassign": "reassigned",
-    "reject": "rejected",
-    "expire": "expired",
-    "cancel": "cancelled",
-    "escalate": "escalated",
-    "undeliverable": "undeliverable",
-}
-
-
-def _receipt(record: ApprovalRecord, verdict: Verdict, *, accepted: bool) -> DecisionReceipt:
-    return DecisionReceipt(
-        accepted=accepted,
-        approval_id=record.approval_id,
-        state=_slot_state(verdict),
-        decided_by=verdict.by,
-        decided_at=verdict.at,
-        decided_via=verdict.via if verdict.source == "human" else None,
-        reason=verdict.reason,
-        edits=verdict.edits,
-        quorum=record.quorum,
-    )
-
-
-def _slot_state(verdict: Verdict) -> str:
-    """How one approver's decision point ended (a receipt's `state`), which may differ from the
-    approval's: a slot closed by a reassignment or an escalation says so."""
-    if verdict.kind == "approve":
-        return "approved_with_edits" if verdict.edits else "approved"
-    if verdict.kind == "close":
-        return verdict.closes_as or "closed"
-    return _SLOT_STATE[verdict.kind]
+    made (the refusal page to show), or what the page does itself (`Submitted.takeover`)."""
+    return await submit_form(ctx, form)
 
 
 @approval.handler(name="cancel", input_serde=Body(CancelRequest), journal_retention=retention.NO_JOURNAL)
@@ -444,7 +176,7 @@ async def cancel(ctx: WorkflowSharedContext, request: CancelRequest) -> CancelRe
     nor for an id under which nothing is waiting: a caller emails its request just before it starts
     the approval's workflow, so a cancel that finds no record waits, bounded, for that workflow to
     save one; if none appears, nothing is cancelled and nothing is held for a later request."""
-    record = await _record(ctx)
+    record = await record_of(ctx)
     for pause in _RECORD_WAITS:
         if record is not None:
             break
@@ -481,7 +213,7 @@ async def cancel_frozen(ctx: WorkflowSharedContext, order: FrozenCancel) -> Canc
     the cancel is held ahead for exactly that request. The slots of its first round are closed as
     cancelled by whoever asked (the trail names them) and the approval ends `cancelled` as soon as
     it waits. Only the run that froze it can hold one, so no id is cancelled before it is asked."""
-    record = await _record(ctx)
+    record = await record_of(ctx)
     if record is not None:
         return await _cancel(ctx, record, order.request)
     now = await ctx.time()
@@ -535,7 +267,7 @@ def _cancelled(request: CancelRequest, slot: int, round_: int, digest: str, now:
 async def reassign(ctx: WorkflowSharedContext, request: ReassignRequest) -> ReassignReceipt:
     """Hand a pending approval (one approver's part of it) to someone else: a new round starts and
     older links stop working. A 400 that changes nothing when the request does not fit."""
-    record = await _record(ctx) if request.approval_id == ctx.key() else None
+    record = await record_of(ctx) if request.approval_id == ctx.key() else None
     if record is None or record.state != "pending":
         raise TerminalError(f"no pending approval {request.approval_id}", 404)
     to = request.to.lower()
@@ -603,7 +335,7 @@ async def viewed(ctx: WorkflowSharedContext, view: PageView) -> RunStatus:
     if record is None or links.approval_id(claims.run_id, claims.index) != ctx.key():
         return answer
     # Journaled, as for `decide`: a key rotation between attempts cannot change what was recorded.
-    check = await ctx.run_typed("verify link", _check_link, _LINK_STEP, token=view.token, record=record)
+    check = await ctx.run_typed("verify link", check_link, LINK_STEP, token=view.token, record=record)
     if check.state == "invalid":
         return answer
     entry = AuditEntry(
@@ -629,7 +361,7 @@ async def delivery_failed(ctx: WorkflowSharedContext, failure: DeliveryFailure) 
     workflow then waits for the others, escalates, or ends the approval `undeliverable`. False for a
     stale failure. A failure of the first request, which the caller sends before this workflow has
     saved its record, is held ahead: the slot starts undeliverable when the workflow waits."""
-    record = await _record(ctx)
+    record = await record_of(ctx)
     if record is None:
         if failure.approval_id != ctx.key() or failure.round != 1:
             return False
@@ -643,67 +375,7 @@ async def delivery_failed(ctx: WorkflowSharedContext, failure: DeliveryFailure) 
     )
 
 
-async def complete(promise: DurablePromise[Any], value: Any) -> bool:
-    """Resolve unless already completed; True if this call's value won."""
-    try:
-        await promise.resolve(value)
-    except TerminalError as exc:
-        if not is_already_completed(exc):
-            raise
-        return False
-    return True
-
-
 @approval.handler(name="slack_decide", input_serde=Body(SlackInteraction), journal_retention=retention.NO_JOURNAL)
 async def slack_decide(ctx: WorkflowSharedContext, interaction: SlackInteraction) -> DecisionReceipt:
-    """A decision made in Slack's modal: Slack's signature is verified again here, the clicking Slack
-    user must be the approver of the slot the message was sent to (by their Slack email), then the
-    same decision point as the email's link is completed. Every refusal is told to them in Slack."""
-    submitted = await ctx.run_typed("verify slack request", slack_interactions.verified, interaction=interaction)
-    record = await _record(ctx) if submitted.approval_id == ctx.key() else None
-    if record is None or not 0 <= submitted.slot < len(record.approvers):
-        raise TerminalError("This Slack message does not belong to a known approval.", 403)
-    email = await ctx.run_typed(
-        "slack user email", slack_interactions.user_email, slack.SLACK_RETRIES, user=submitted.user
-    )
-    approver = record.approvers[submitted.slot]
-    if email != approver:
-        who = email or "your Slack account (it has no email)"
-        await _tell_slack(ctx, submitted, f"This request is for {approver}, not {who}: nothing was decided.")
-        raise TerminalError("the Slack user is not the approver of this request; nothing was decided", 403)
-    stale = submitted.round != record.round or submitted.slot not in record.active_slots
-    state: LinkState = "replaced" if stale else "expired" if submitted.now >= record.deadline else "valid"
-    check = LinkCheck(state=state, slot=submitted.slot, now=submitted.now)
-    # The fault tests stop here: the click is verified and journaled, the decision not yet recorded.
-    crash_point("crash-before-slack-decision")
-    try:
-        receipt = await settle_slot(
-            ctx, record, submitted.round, submitted.slot, check, submitted, edits={}, via="slack"
-        )
-    except TerminalError as exc:
-        if is_cancellation(exc):
-            raise
-        await _tell_slack(ctx, submitted, f"{exc.message} Nothing was decided.")
-        raise
-    if receipt.accepted:
-        await _tell_slack(ctx, submitted, f"Recorded: you {receipt.state.replace('_', ' ')} {record.summary}.")
-    else:
-        by = f" by {receipt.decided_by}" if receipt.decided_by else ""
-        await _tell_slack(ctx, submitted, f"Already closed ({receipt.state}{by}): your click changed nothing.")
-    return receipt
-
-
-async def _tell_slack(ctx: WorkflowSharedContext, submitted: SlackSubmission, text: str) -> None:
-    """A note to the clicking person in Slack; a Slack failure here must not change the answer."""
-    try:
-        await ctx.run_typed(
-            "tell slack user",
-            slack_interactions.tell,
-            slack.SLACK_RETRIES,
-            channel=submitted.channel,
-            user=submitted.user,
-            text=text,
-        )
-    except TerminalError as exc:
-        if is_cancellation(exc):
-            raise
+    """A decision made in Slack's modal (see `countersign.approval.slack_decision`)."""
+    return await decide_from_slack(ctx, interaction)
