@@ -1,7 +1,11 @@
-"""The calls of one model turn: validate each, ask the policy, run or gate, report in order.
+"""The calls of one model turn: answered and routed by the gate's one path, run or gated, reported in order.
+
+Each call is answered by `routing.ask` inside the model turn's journaled step (`ask_policy`) and
+routed by `routing.route` here, as `gated_call` routes a call; the turn only adds batching: its
+gated calls are asked together (one email per approver).
 
 Guarantee: an unknown tool or invalid arguments become an `invalid` outcome the model can read,
-never a crash; the policy's answers are computed inside the model turn's journaled step (`ask_policy`),
+never a crash; the policy's answers are computed inside the model turn's journaled step,
 so neither a policy-file change nor an approver callable can re-route a replay; a policy that
 cannot name approvers for a call fails that call (the model reads why) and never runs it; the gated
 calls of one turn are asked together; every call gets a stable index `base + position`.
@@ -13,21 +17,20 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from countersign.approval import ledger
+from countersign.approval import ledger, routing
 from countersign.approval.calls import GatedCall, approve_and_act, run_alone
-from countersign.approval.plan import ApprovedPlan, route_call
+from countersign.approval.plan import ApprovedPlan
 from countersign.approval.plan_calls import refused_deviation, run_in_plan
-from countersign.approval.rounds import Opening, open_round
+from countersign.approval.rounds import Opening
+from countersign.approval.routing import NOT_RUN, Answer, Route
 from countersign.approval.run_state import RunBook
-from countersign.contract import ActionRecord, Outcome
-from countersign.events import emit as events
+from countersign.contract import ActionRecord
 from countersign.llm.base import ToolCall
 from countersign.tools import default_registry
 from countersign.tools.context import ActionContext, read_facts
-from countersign.tools.policy import PolicyError, PolicyVerdict, evaluate
-from countersign.tools.registry import validation_message
+from countersign.tools.policy import PolicyVerdict
 
 
 class RunMustFail(Exception):
@@ -35,8 +38,9 @@ class RunMustFail(Exception):
 
 
 class PolicyAnswer(BaseModel):
-    """The policy's answer for one call; a gated call's first round opens with it. `problem` (and no
-    verdict) when the policy could not be resolved for the call."""
+    """The policy's part of the gate's answer (`routing.Answer`) for one call, as the model turn's
+    step journals it (the turn keeps the call itself); a gated call's first round opens with it.
+    `problem` (and no verdict) when the policy could not be resolved for the call."""
 
     verdict: PolicyVerdict | None = None
     opening: Opening | None = None
@@ -51,7 +55,41 @@ def ask_policy(
     """The policy's answer for each call that reaches a tool (None for the others). Runs inside the
     journaled step that took the model turn: one round trip for the reply and what the policy says of it.
     `results` are the run's earlier results by tool name (for the policies' checks)."""
-    return [_answer(call, requester, tenant, results or {}) for call in calls]
+    return [
+        None
+        if call.problem is not None
+        else _journaled(routing.ask(call.name, call.args, requester, tenant, call.confidence, results or {}))
+        for call in calls
+    ]
+
+
+def _journaled(answer: Answer) -> PolicyAnswer | None:
+    """The part of the gate's answer the model turn journals (the turn keeps the call itself)."""
+    if answer.error is not None:
+        return PolicyAnswer(problem=answer.error.removeprefix(NOT_RUN)) if answer.failed else None
+    return PolicyAnswer(verdict=answer.verdict, opening=answer.opening)
+
+
+def _recalled(call: ToolCall, journaled: PolicyAnswer | None) -> Answer:
+    """The gate's answer for a call of the turn, from its journaled part: the arguments are validated
+    again against the loaded tools (as when the policy was asked, unless a tool changed under a paused run)."""
+    checked = routing.validate(call.name, call.args)
+    if isinstance(checked, Answer):
+        return checked
+    tool, validated = checked
+    args = validated.model_dump(mode="json")
+    if journaled is None:  # only if the tool's schema changed under a paused run
+        return Answer(error="the tool changed since this call was proposed; propose it again")
+    if journaled.problem is not None or journaled.verdict is None:
+        return Answer(args=args, error=NOT_RUN + (journaled.problem or "the policy gave no answer"), failed=True)
+    return Answer(
+        args=args,
+        summary=tool.summary(validated),
+        verdict=journaled.verdict,
+        opening=journaled.opening,
+        confidence=call.confidence,
+        context=journaled.context,
+    )
 
 
 async def read_gated_facts(
@@ -81,75 +119,51 @@ async def read_gated_facts(
         )
 
 
-def _answer(call: ToolCall, requester: str, tenant: str, results: Mapping[str, Any]) -> PolicyAnswer | None:
-    tool = default_registry().get(call.name)
-    if call.problem is not None or tool is None:
-        return None
-    try:
-        args = tool.validate(call.args)
-    except ValidationError:
-        return None
-    try:
-        verdict = evaluate(
-            call.name,
-            tool.policy,
-            args,
-            requester=requester,
-            tenant=tenant,
-            confidence=call.confidence,
-            results=results,
-        )
-    except PolicyError as exc:
-        return PolicyAnswer(problem=str(exc))
-    verdict.webhooks = events.wanted(tenant)
-    return PolicyAnswer(verdict=verdict, opening=open_round() if verdict.gated else None)
-
-
 async def handle_turn(
     book: RunBook, calls: list[ToolCall], answers: list[PolicyAnswer | None], plan: ApprovedPlan | None = None
 ) -> list[ActionRecord]:
-    """Every call of one turn, each with its outcome, in the order the model proposed them. With the
-    run's `plan`, a call inside it runs at once (linked to the plan) unless it needs its own approval
-    (`route_call`); a gated call outside it is a deviation, asked again with what deviates, or
-    refused, as the plan's policy says."""
+    """Every call of one turn, each with its outcome, in the order the model proposed them, each
+    routed by `routing.route` (with the run's `plan`) as `gated_call` routes a call; the gated ones
+    are asked together (`approve_and_act`)."""
     base = len(book.state.actions)
     done: dict[int, ActionRecord] = {}
     gated: list[GatedCall] = []
-    deviations: dict[int, str] = {}
-    for position, (call, answer) in enumerate(zip(calls, answers, strict=True)):
+    routes: dict[int, Route] = {}
+    state = book.state
+    for position, (call, journaled) in enumerate(zip(calls, answers, strict=True)):
         index = base + position
-        tool = default_registry().get(call.name)
-        if tool is None:
-            known = ", ".join(default_registry().names())
-            done[index] = _invalid(call, index, f"unknown tool {call.name!r}; available: {known}")
+        answer = _recalled(call, journaled)
+        routed = routes[index] = routing.route(answer, call.name, plan)
+        if routed.kind in ("invalid", "failed"):
+            done[index] = routing.unrun(call.name, index, answer, call.args)
             continue
-        try:
-            validated = tool.validate(call.args)
-        except ValidationError as exc:
-            done[index] = _invalid(call, index, f"invalid arguments: {validation_message(exc)}")
-            continue
-        args = validated.model_dump(mode="json")
-        if answer is None:  # only if the tool's schema changed under a paused run
-            done[index] = _invalid(call, index, "the tool changed since this call was proposed; propose it again")
-            continue
-        if answer.problem is not None or answer.verdict is None:
-            done[index] = ActionRecord(
-                index=index,
-                tool=call.name,
-                proposed_args=args,
-                outcome=Outcome.FAILED,
-                result={"error": f"not run: {answer.problem or 'the policy gave no answer'}"},
+        assert answer.verdict is not None
+        if routed.kind == "refused":
+            assert plan is not None and routed.why is not None
+            done[index] = refused_deviation(call.name, answer.args, index, plan, routed.why)
+        elif routed.kind == "gated":
+            assert answer.opening is not None
+            gated.append(
+                GatedCall(
+                    tool=call.name,
+                    index=index,
+                    args=answer.args,
+                    why=call.why,
+                    summary=answer.summary,
+                    verdict=answer.verdict,
+                    opening=answer.opening,
+                    deviation=routed.why,
+                    confidence=answer.confidence,
+                    context=answer.context,
+                )
             )
-            continue
-        state = book.state
-        route = route_call(plan, answer.verdict, call.name, args)
-        if route.kind == "inside":
+        elif routed.kind == "inside":
             assert plan is not None
             book.save()  # what `status` shows while the call runs: the phase, the pinned model
             done[index] = await run_in_plan(
                 book.ctx,
                 call.name,
-                args,
+                answer.args,
                 plan,
                 run_id=state.run_id,
                 index=index,
@@ -158,51 +172,25 @@ async def handle_turn(
                 webhooks=answer.verdict.webhooks,
                 hold=functools.partial(ledger.note, book),
             )
-            continue
-        # `own`: inside the plan's bounds, but the call needs a person of its own; it is asked as an
-        # ordinary approval (its checkpoint reasons, quorum and confirmation show as for any call).
-        if route.kind == "outside" and route.why is not None and answer.opening is not None:
-            assert plan is not None
-            if plan.deviation_rule(answer.verdict.policy) == "refuse":
-                done[index] = refused_deviation(call.name, args, index, plan, route.why)
-                continue
-            deviations[index] = route.why
-        if answer.opening is not None:
-            gated.append(
-                GatedCall(
-                    tool=call.name,
-                    index=index,
-                    args=args,
-                    why=call.why,
-                    summary=tool.summary(validated),
-                    verdict=answer.verdict,
-                    opening=answer.opening,
-                    deviation=deviations.get(index),
-                    confidence=call.confidence,
-                    context=answer.context,
-                )
+        else:
+            book.save()  # as above; a gated call is saved with its record, when it is frozen
+            done[index] = await run_alone(
+                book.ctx,
+                call.name,
+                answer.args,
+                state.run_id,
+                index,
+                state.tenant,
+                state.requester,
+                answer.verdict.version,
+                answer.verdict.webhooks,
+                hold=functools.partial(ledger.note, book),
             )
-            continue
-        book.save()  # as above; a gated call is saved with its record, when it is frozen
-        done[index] = await run_alone(
-            book.ctx,
-            call.name,
-            args,
-            state.run_id,
-            index,
-            state.tenant,
-            state.requester,
-            answer.verdict.version,
-            answer.verdict.webhooks,
-            hold=functools.partial(ledger.note, book),
-        )
     failure = None
     if gated:
         for result in await approve_and_act(book, gated):
             done[result.action.index] = result.action
-            if plan is not None and result.action.index in deviations:
-                result.action.plan_approval_id = plan.approval_id
-                result.action.deviation = deviations[result.action.index]
+            routing.mark_deviation(result.action, plan, routes[result.action.index])
             if result.fail_run and failure is None:
                 failure = f"{result.action.tool} #{result.action.index}: {result.action.reason}"
     actions = [done[base + position] for position in range(len(calls))]
@@ -211,9 +199,3 @@ async def handle_turn(
     if failure:
         raise RunMustFail(failure)
     return actions
-
-
-def _invalid(call: ToolCall, index: int, message: str) -> ActionRecord:
-    return ActionRecord(
-        index=index, tool=call.name, proposed_args=call.args, outcome=Outcome.INVALID, result={"error": message}
-    )

@@ -1,5 +1,8 @@
 """The gate's two public calls, for any Restate handler, and the agent's batched form of them.
 
+Each call is answered by `routing.ask` (in its journaled step) and routed by `routing.route`, the
+path the agent's turn takes too; this module only acts on the route.
+
 Guarantee: the caller's side of an approval is one journaled step (validate the arguments, ask the
 policy, open the first round: nonce and time) and one durable call to the `Approval` workflow, so a
 replay re-routes nothing and a crash of the caller loses nothing: the approval waits in its own
@@ -10,24 +13,23 @@ alive. Works the same from a Workflow, a Virtual Object or a Service.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, cast
 
-import pydantic_core
 import restate
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 from restate import RunOptions, TerminalError
 
 from countersign.approval import ledger
 from countersign.approval.gate import Act, GateResult, act_on_deferred, freeze
 from countersign.approval.handover import results_or_cancel
-from countersign.approval.plan import ApprovedPlan, OnDeviation, route_call
+from countersign.approval.plan import ApprovedPlan, OnDeviation
 from countersign.approval.plan_calls import ask_plan_approval, refused_deviation, run_in_plan
-from countersign.approval.rounds import Opening, open_round
+from countersign.approval.rounds import Opening
+from countersign.approval.routing import Answer, ask, mark_deviation, not_a_mapping, proposed, route, unrun
 from countersign.approval.run_state import RunBook, RunFacts, RunState
 from countersign.approval.trail import trail_of
 from countersign.approval.waiting import Waiter, notify_batch
@@ -37,7 +39,6 @@ from countersign.compact import Compact
 from countersign.contract import (
     EMAIL_PATTERN,
     MAX_GOAL,
-    MAX_TOOL_ARGS_BYTES,
     MAX_WHY,
     NAME_PATTERN,
     ActionRecord,
@@ -54,8 +55,8 @@ from countersign.tools import default_registry
 from countersign.tools.checkpoints import results_of
 from countersign.tools.context import ActionContext, read_context, read_facts
 from countersign.tools.execute import idempotency_key, run_tool
-from countersign.tools.policy import PolicyError, PolicyVerdict, evaluate
-from countersign.tools.registry import Tool, validation_message
+from countersign.tools.policy import PolicyVerdict
+from countersign.tools.registry import Tool
 
 
 class ApprovalOutcome(BaseModel):
@@ -82,58 +83,14 @@ class ApprovalOutcome(BaseModel):
         return self.verdict in (Outcome.APPROVED, Outcome.APPROVED_WITH_EDITS, Outcome.AUTONOMOUS)
 
 
-class _Asked(BaseModel):
-    """The journaled answer of the caller's one step: the validated call and what the policy says."""
-
-    args: dict[str, Any] = Field(default_factory=dict)
-    summary: str = ""
-    verdict: PolicyVerdict | None = None
-    opening: Opening | None = None
-    error: str | None = None
-    failed: bool = False
-    """The call was valid but its policy could not be resolved (`failed`, not `invalid`)."""
-    confidence: float | None = None
-    context: ActionContext | None = None
-    """The tool's facts for the approver, read in this step when the policy gated the call (None:
-    not read here, under an approved plan: then they are read when the approval is frozen)."""
+class _Asked(Answer):
+    """The journaled result of the caller's one step (`ask policy <tool> #<i>`): the gate's answer
+    (`routing.Answer`, whose fields are this step's JSON shape; see countersign.compact)."""
 
 
 _POLICY_STEP = RunOptions[Any](
     serde=Compact(_Asked), max_attempts=3, initial_retry_interval=timedelta(milliseconds=100)
 )
-
-
-def _ask(
-    tool_name: str,
-    raw: dict[str, Any],
-    requester: str,
-    tenant: str,
-    confidence: float | None = None,
-    results: dict[str, Any] | None = None,
-) -> _Asked:
-    tool = default_registry().get(tool_name)
-    if tool is None:
-        return _Asked(error=f"unknown tool {tool_name!r}; available: {', '.join(default_registry().names())}")
-    try:
-        validated = tool.validate(raw)
-    except ValidationError as exc:
-        return _Asked(error=f"invalid arguments: {validation_message(exc)}")
-    args = validated.model_dump(mode="json")
-    try:
-        verdict = evaluate(
-            tool.name,
-            tool.policy,
-            validated,
-            requester=requester,
-            tenant=tenant,
-            confidence=confidence,
-            results=results,
-        )
-    except PolicyError as exc:  # e.g. approvers from a callable that named nobody valid: nothing runs
-        return _Asked(args=args, error=f"not run: {exc}", failed=True)
-    verdict.webhooks = events.wanted(tenant)
-    opening = open_round() if verdict.gated else None
-    return _Asked(args=args, summary=tool.summary(validated), verdict=verdict, opening=opening, confidence=confidence)
 
 
 async def _ask_and_read(
@@ -150,7 +107,7 @@ async def _ask_and_read(
     """The body of the policy step: the policy's answer (in a thread: an approver callable may
     block), then, for a gated call and with `facts`, the tool's facts on the event loop, where a
     tool's async functions run; in this step, they cost no round trip of their own before the email."""
-    asked = await asyncio.to_thread(_ask, tool_name, raw, requester, tenant, confidence, results)
+    asked = _Asked(**dict(await asyncio.to_thread(ask, tool_name, raw, requester, tenant, confidence, results)))
     if asked.opening is not None and facts:
         asked.context = await read_facts(
             tool_name, asked.args, index, run_id=run_id, tenant=tenant, requester=requester
@@ -172,24 +129,6 @@ def _where(ctx: restate.Context, run_id: str | None, index: int | None) -> tuple
     if (problem := links.placement_problem(run_id, index)) is not None:
         raise TerminalError(problem, 400)
     return run_id, index
-
-
-def _proposed(args: object) -> dict[str, Any]:
-    """What an outcome whose arguments did not validate carries back as `proposed_args`: the
-    arguments as JSON when they are a mapping that pydantic writes as at most MAX_TOOL_ARGS_BYTES,
-    else nothing (the reason says what was wrong). The caller returns the outcome as its own result,
-    `model_dump(mode="json")`: arguments nested past pydantic's depth limit, or of a type it cannot
-    write, would fail there, after the gate answered, and the invocation would retry forever."""
-    if not isinstance(args, Mapping):
-        return {}
-    try:
-        written = pydantic_core.to_json(dict(args))
-    except ValueError:  # PydanticSerializationError: too deep, or a value it cannot write
-        return {}
-    if len(written) > MAX_TOOL_ARGS_BYTES:
-        return {}
-    proposed: dict[str, Any] = json.loads(written)
-    return proposed
 
 
 def _check_people(requester: str, tenant: str) -> None:
@@ -229,9 +168,8 @@ async def _open(
     _check_people(requester, tenant)
     name = tool if isinstance(tool, str) else tool.name
     where, at = _where(ctx, run_id, index)
-    if not isinstance(args, Mapping):  # e.g. a list: an answer of its own, no step (nothing to ask)
-        shape = f"invalid arguments: expected an object of argument names and values, not {type(args).__name__}"
-        return where, at, name, _Asked(error=shape)
+    if (shape := not_a_mapping(args)) is not None:  # e.g. a list: an answer of its own, no step
+        return where, at, name, _Asked(**dict(shape))
     earlier = results_of(results) if isinstance(results, Sequence) else dict(results or {})
     asked = await ctx.run_typed(
         f"ask policy {name} #{at}",
@@ -350,12 +288,12 @@ async def request_approval(
     `why` and `goal` are cut to 2,000 and 4,000 characters (`MAX_WHY`, `MAX_GOAL`)."""
     why, goal = _described(why, goal)
     where, at, name, asked = await _open(ctx, tool, args, requester, tenant, run_id, index, confidence, results)
-    proposed = asked.args or _proposed(args)
-    base = ApprovalOutcome(verdict=Outcome.INVALID, run_id=where, index=at, proposed_args=proposed)
-    if asked.error is not None:
-        verdict = Outcome.FAILED if asked.failed else Outcome.INVALID
-        return base.model_copy(update={"verdict": verdict, "reason": asked.error})
-    if asked.opening is None:
+    base = ApprovalOutcome(verdict=Outcome.INVALID, run_id=where, index=at, proposed_args=asked.args or proposed(args))
+    routed = route(asked, name)
+    if routed.kind in ("invalid", "failed"):
+        verdict = Outcome.FAILED if routed.kind == "failed" else Outcome.INVALID
+        return base.model_copy(update={"verdict": verdict, "reason": routed.why})
+    if routed.kind == "autonomous":
         return base.model_copy(update={"verdict": Outcome.AUTONOMOUS, "args": asked.args})
     facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
     result = await _approval(ctx, facts, name, at, asked, why, act="report", trail=trail)
@@ -405,12 +343,11 @@ async def gated_call(
     where, at, name, asked = await _open(
         ctx, tool, args, requester, tenant, run_id, index, confidence, results, facts=plan is None
     )
-    if asked.error is not None:
-        outcome = Outcome.FAILED if asked.failed else Outcome.INVALID
-        proposed = asked.args or _proposed(args)
-        return ActionRecord(index=at, tool=name, proposed_args=proposed, outcome=outcome, result={"error": asked.error})
-    route = route_call(plan, asked.verdict, name, asked.args)
-    if route.kind == "inside":
+    routed = route(asked, name, plan)
+    if routed.kind in ("invalid", "failed"):
+        return unrun(name, at, asked, args)
+    assert asked.verdict is not None
+    if routed.kind == "inside":
         assert plan is not None
         return await run_in_plan(
             ctx,
@@ -421,20 +358,17 @@ async def gated_call(
             index=at,
             tenant=tenant,
             requester=requester,
-            webhooks=asked.verdict.webhooks if asked.verdict else True,
+            webhooks=asked.verdict.webhooks,
         )
-    if asked.opening is None:
-        version, webhooks = (asked.verdict.version, asked.verdict.webhooks) if asked.verdict else ("", True)
+    if routed.kind == "autonomous":
+        version, webhooks = asked.verdict.version, asked.verdict.webhooks
         return await run_alone(ctx, name, asked.args, where, at, tenant, requester, version, webhooks)
-    assert asked.verdict is not None
-    # `own` (inside the plan's bounds, but the call needs a person of its own) is an ordinary approval.
-    deviation = route.why if route.kind == "outside" else None
-    if plan is not None and deviation is not None and plan.deviation_rule(asked.verdict.policy) == "refuse":
-        return refused_deviation(name, asked.args, at, plan, deviation)
+    if routed.kind == "refused":
+        assert plan is not None and routed.why is not None
+        return refused_deviation(name, asked.args, at, plan, routed.why)
     facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
-    result = await _approval(ctx, facts, name, at, asked, why, act="execute", trail=trail, deviation=deviation)
-    if plan is not None and deviation is not None:
-        result.action.plan_approval_id, result.action.deviation = plan.approval_id, deviation
+    result = await _approval(ctx, facts, name, at, asked, why, act="execute", trail=trail, deviation=routed.why)
+    mark_deviation(result.action, plan, routed)
     return result.action
 
 

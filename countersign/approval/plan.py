@@ -317,8 +317,8 @@ def needs_own_approval(verdict: PolicyVerdict | None) -> str | None:
 def route_call(
     plan: ApprovedPlan | None, verdict: PolicyVerdict | None, tool: str, args: Mapping[str, Any]
 ) -> PlanRoute:
-    """The one rule both the agent's turn and `gated_call` follow for a call under a plan (`verdict`:
-    the call's journaled policy answer). A call is counted against the plan only when it is `inside`."""
+    """The plan's part of `routing.route`, the one routing decision of every call (`verdict`: the
+    call's journaled policy answer). A call is counted against the plan only when it is `inside`."""
     if plan is None:
         return PlanRoute("none")
     deviation = plan.check(tool, args)
