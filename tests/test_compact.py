@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel
 from support.records import approval_record
 
-from countersign.agent.run import Turn
+from countersign.agent.model_turn import Turn
 from countersign.approval.calls import _Asked
 from countersign.approval.gate import GateResult
 from countersign.approval.verdict import Verdict

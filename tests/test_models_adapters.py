@@ -21,7 +21,7 @@ from fakes.fixtures import running
 from fakes.provider import Reply
 from support.processes import REPO
 
-from countersign.agent.run import _tool_specs
+from countersign.agent.model_turn import tool_specs as _tool_specs
 from countersign.demo.tools import IssueRefundArgs, LookupOrderArgs
 from countersign.llm import ModelUnavailable, check_model, parse_model_id
 from countersign.llm.anthropic_chat import AnthropicChat

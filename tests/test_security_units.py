@@ -408,7 +408,7 @@ def test_scrubbed_steps_fail_without_personal_data_or_causes() -> None:
 def test_scrubbed_keeps_the_signature_the_sdk_reads_for_its_serde() -> None:
     import inspect
 
-    from countersign.agent.run import _model_turn
+    from countersign.agent.model_turn import model_turn as _model_turn
 
     assert inspect.signature(_model_turn, eval_str=True).return_annotation.__name__ == "Turn"
     assert inspect.iscoroutinefunction(scrubbed(async_noop)) and not inspect.iscoroutinefunction(scrubbed(len))

@@ -8,19 +8,19 @@ resumes after any crash or restart without repeating what already happened; the 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from datetime import timedelta
 from typing import Any
 
 import restate
-from pydantic import BaseModel, ValidationError
-from restate import RunOptions, TerminalError, WorkflowContext, WorkflowSharedContext
-from restate.exceptions import RetryableError
+from pydantic import ValidationError
+from restate import TerminalError, WorkflowContext, WorkflowSharedContext
 from restate.serde import Serde
 
 from countersign import retention
-from countersign.agent.turn import PolicyAnswer, RunMustFail, ask_policy, handle_turn, read_gated_facts
+from countersign.agent.model_turn import model_retries, pick_model, turn_step
+from countersign.agent.retirement import after_retirement, last_gated, retired_answer
+from countersign.agent.turn import PolicyAnswer, RunMustFail, handle_turn
 from countersign.approval import ledger
 from countersign.approval.plan import PLAN_TOOL, ApprovedPlan
 from countersign.approval.plan_calls import ask_plan_approval
@@ -32,7 +32,6 @@ from countersign.approval.workflow import decide as approval_decide
 from countersign.approval.workflow import delivery_failed as approval_delivery_failed
 from countersign.approval.workflow import reassign as approval_reassign
 from countersign.approval.workflow import status as approval_status
-from countersign.compact import Compact
 from countersign.contract import (
     ActionRecord,
     AgentTask,
@@ -41,8 +40,6 @@ from countersign.contract import (
     CancelRequest,
     Decision,
     DecisionReceipt,
-    ModelRetiredChoice,
-    ModelSwitch,
     Outcome,
     ReassignReceipt,
     ReassignRequest,
@@ -54,28 +51,20 @@ from countersign.errors import is_cancellation
 from countersign.events import emit as events
 from countersign.faults import delay_point
 from countersign.inputs import Body, validation_summary
-from countersign.llm import ModelUnavailable, check_model, confidence, load_model
+from countersign.llm import ModelUnavailable, check_model
 from countersign.llm.base import (
-    AssistantTurn,
     Feedback,
-    ModelRetired,
-    ProviderBusy,
-    ProviderRefused,
     ToolCall,
     ToolResult,
-    ToolSpec,
     Transcript,
-    bounded,
 )
-from countersign.llm.planning import SUBMIT_PLAN, PlanReply, ask_for_plan
+from countersign.llm.planning import SUBMIT_PLAN, PlanReply
 from countersign.llm.prompt import EMPTY_REPLY
-from countersign.objects.audit import AuditEntry
 from countersign.objects.delivery import DeliveryFailure
 from countersign.security import links
 from countersign.security.links import LinkInvalid
-from countersign.security.redact import clean_failures, scrubbed
+from countersign.security.redact import clean_failures
 from countersign.settings import get_settings
-from countersign.tools import default_registry
 from countersign.tools.checkpoints import results_of
 
 
@@ -98,146 +87,6 @@ agent_run = restate.Workflow(
     description="An agent run that stops for a person's emailed approval before gated tool calls.",
     invocation_context_managers=[clean_failures],
 )
-
-
-def _tool_specs() -> list[ToolSpec]:
-    specs = []
-    for t in default_registry():
-        # A tool whose policy gates on the model's confidence asks the model for it (an optional argument).
-        asked = confidence.asking(t.schema()) if t.policy.gate_below_confidence is not None else None
-        specs.append(
-            ToolSpec(
-                name=t.name,
-                description=t.description,
-                parameters=asked or t.schema(),
-                approval=t.policy.describe(t.name),
-                gated=t.policy.gated,
-                confidence=asked is not None,
-            )
-        )
-    return specs
-
-
-def _model_retries() -> RunOptions[Any]:
-    """How one model turn is journaled (compactly: see countersign.compact) and retried: exponential
-    from 1 s (or the provider's retry-after), bounded."""
-    return RunOptions[Any](
-        serde=Compact(Turn),
-        max_attempts=get_settings().model_max_attempts,
-        initial_retry_interval=timedelta(seconds=1),
-        max_retry_interval=timedelta(seconds=30),
-        max_duration=timedelta(minutes=15),
-    )
-
-
-class Retired(BaseModel):
-    """The model was gone on this turn (provider 404), and what the run's (or policy's) choice says."""
-
-    detail: str
-    choice: ModelRetiredChoice
-    successor_problem: str | None = None
-    """Why the named successor cannot be used (not a known model id, no key for its provider)."""
-
-
-class Turn(BaseModel):
-    """One journaled model turn: the model that answered (pinned by the first turn), its reply, and
-    the policy's answer for each of the reply's tool calls; or, when the run asks for a plan first,
-    the model's plan (`plan`, and an empty reply); or, when the model was gone, `retired`."""
-
-    model: str
-    reply: AssistantTurn
-    policies: list[PolicyAnswer | None]
-    plan: PlanReply | None = None
-    retired: Retired | None = None
-    webhooks: bool = True
-    """Whether the tenant had webhook endpoints then (decides whether the run's end is sent)."""
-
-
-def _wants_plan(task: AgentTask) -> bool:
-    """Post-plan gating: asked for by the task, or by the policy of a loaded tool."""
-    return task.plan is not None or any(t.policy.plan is not None for t in default_registry())
-
-
-@scrubbed
-def _model_turn(
-    model_id: str | None,
-    task: AgentTask,
-    transcript: Transcript,
-    results: dict[str, Any] | None = None,
-    last_gated: str | None = None,
-    planning: bool = False,
-) -> Turn:
-    """One model turn (the body of a journaled step): final refusals end the step, the rest retry.
-    A retired model is an answer, not a failure: the choice of what follows is journaled with it.
-    With `planning`, a run that wants a plan (decided here, so a replay takes the same branch) asks
-    the model for one instead. The turn also journals whether the tenant has webhooks now."""
-    model_id = model_id or _pick_model(task.model)
-    webhooks = events.wanted(task.tenant)
-    try:
-        specs = _tool_specs()
-        if planning and _wants_plan(task):
-            model = load_model(model_id, task.script, task.plan.script if task.plan else None)
-            plan = ask_for_plan(model, transcript, specs)
-            return Turn(model=model_id, reply=AssistantTurn(), policies=[], plan=plan, webhooks=webhooks)
-        reply = bounded(confidence.take(load_model(model_id, task.script).next_turn(transcript, specs), specs))
-        return Turn(
-            model=model_id,
-            reply=reply,
-            policies=ask_policy(reply.tool_calls, requester=task.requester, tenant=task.tenant, results=results),
-            webhooks=webhooks,
-        )
-    except ModelRetired as exc:
-        choice = retired_choice(task.on_model_retired, last_gated)
-        problem = None
-        if isinstance(choice, Successor):
-            try:
-                check_model(choice.successor)
-            except ModelUnavailable as unavailable:
-                problem = str(unavailable)
-        return Turn(
-            model=model_id,
-            reply=AssistantTurn(),
-            policies=[],
-            retired=Retired(detail=exc.message, choice=choice, successor_problem=problem),
-            webhooks=webhooks,
-        )
-    except (ProviderRefused, ModelUnavailable) as exc:
-        raise TerminalError(str(exc), 400) from None
-    except ProviderBusy as exc:
-        if exc.retry_after:
-            raise RetryableError(exc.message, 503, timedelta(seconds=exc.retry_after)) from None
-        raise
-
-
-async def _turn_step(run_id: str, base: int, planned: bool, task: AgentTask, **turn: Any) -> Turn:
-    """The body of a model turn's journaled step: the turn (in a thread: the model clients block),
-    then, on the event loop where a tool's async functions run, the facts of the calls the policy
-    gates (see `read_gated_facts`; `planned`: the run has an approved plan). Call `i` of the reply
-    gets index `base + i`."""
-    taken = await asyncio.to_thread(_model_turn, task=task, **turn)
-    await read_gated_facts(
-        taken.reply.tool_calls,
-        taken.policies,
-        run_id=run_id,
-        base=base,
-        tenant=task.tenant,
-        requester=task.requester,
-        planned=planned,
-    )
-    return taken
-
-
-def retired_choice(run_choice: ModelRetiredChoice | None, tool: str | None) -> ModelRetiredChoice:
-    """What follows a retired model: the run's own choice, else the policy of the tool whose approval
-    the run last asked for, else "end". For a user's own loop too (pass the tool it last gated)."""
-    if run_choice is not None:
-        return run_choice
-    found = default_registry().get(tool) if tool else None
-    return (found.policy.on_model_retired if found else None) or "end"
-
-
-def _pick_model(requested: str | None) -> str:
-    return requested or get_settings().model
 
 
 def _check_task(run_id: str, task: AgentTask) -> None:
@@ -297,8 +146,8 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
         try:
             taken = await ctx.run_typed(
                 f"model turn {turn}",
-                _turn_step,
-                _model_retries(),
+                turn_step,
+                model_retries(),
                 run_id=book.state.run_id,
                 base=len(book.state.actions),
                 planned=plan is not None,
@@ -307,7 +156,7 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
                 transcript=transcript,
                 planning=not planned,
                 results=results_of(book.state.actions),
-                last_gated=_last_gated(book),
+                last_gated=last_gated(book),
             )
             book.state.webhooks = taken.webhooks
         except TerminalError as exc:
@@ -315,7 +164,7 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
                 raise
             retried = "" if exc.status_code == 400 else f" (gave up after {get_settings().model_max_attempts} attempts)"
             if not book.state.model:
-                book.state.model = await ctx.run_typed("pin model", _pick_model, requested=task.model)
+                book.state.model = await ctx.run_typed("pin model", pick_model, requested=task.model)
             return _finish(book, "failed", f"The model call failed{retried}: {exc.message}")
         if taken.retired is not None:
             if (request := await cancel_asked) is not None:
@@ -323,9 +172,9 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
             if not answered and not book.state.model_switches:  # never answered: a wrong name, as before
                 book.state.model = taken.model
                 return _finish(book, "failed", f"The model call failed: {taken.retired.detail}")
-            successor = _after_retirement(book, turn, taken.model, taken.retired)
+            successor = after_retirement(book, turn, taken.model, taken.retired)
             if successor is None:
-                return _finish(book, "model_retired", _retired_answer(book))
+                return _finish(book, "model_retired", retired_answer(book))
             model_id, answered = successor, False
             continue
         answered = True
@@ -419,52 +268,6 @@ async def _act_on(
     answers = [policies[p] for p in readable]
     handled = iter(await handle_turn(book, [calls[p] for p in readable], answers, plan) if readable else [])
     return [unreadable[p] if p in unreadable else next(handled) for p in range(len(calls))]
-
-
-def _last_gated(book: RunBook) -> str | None:
-    """The tool of the run's latest approval (whose policy may say what follows a retired model)."""
-    latest = max(book.state.approvals.values(), key=lambda r: r.index, default=None)
-    return latest.tool if latest else None
-
-
-def _after_retirement(book: RunBook, turn: int, model: str, retired: Retired) -> str | None:
-    """Record the retirement (run state and audit trail); the successor to go on with, or None to end."""
-    choice = retired.choice
-    go_on = isinstance(choice, Successor) and retired.successor_problem is None and choice.successor != model
-    successor = choice.successor if isinstance(choice, Successor) else None
-    detail = retired.detail
-    if retired.successor_problem:
-        detail += f"; successor {successor}: {retired.successor_problem}"
-    switch = ModelSwitch(retired=model, successor=successor if go_on else None, turn=turn, detail=detail)
-    book.state.model_switches.append(switch)
-    if go_on:
-        book.state.model = successor or model
-    book.save()
-    latest = max(book.state.approvals.values(), key=lambda r: r.index, default=None)
-    approval_id = latest.approval_id if latest else links.approval_id(book.state.run_id, len(book.state.actions))
-    ledger.note(
-        book,
-        AuditEntry(
-            entry_id=f"model_retired/t{turn}",
-            approval_id=approval_id,
-            run_id=book.state.run_id,
-            tenant=book.state.tenant,
-            kind="model_retired",
-            at=(latest.decided_at or latest.requested_at) if latest else 0.0,
-            details={**switch.model_dump(), "outcome": "successor" if go_on else "ended: a fresh plan is needed"},
-        ),
-    )
-    return successor if go_on else None
-
-
-def _retired_answer(book: RunBook) -> str:
-    switch = book.state.model_switches[-1]
-    ran = sum(1 for a in book.state.actions if a.args is not None)
-    return (
-        f"The model {switch.retired} is no longer available ({switch.detail}). The {ran} action(s) already "
-        "approved or run have run from their frozen arguments; nothing further was planned. A fresh plan "
-        "is needed: start a new run (or set on_model_retired to a successor model)."
-    )
 
 
 def _tool_result(call_id: str, action: ActionRecord) -> ToolResult:
