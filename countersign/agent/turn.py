@@ -20,7 +20,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from countersign.approval import ledger, routing
-from countersign.approval.calls import GatedCall, approve_and_act, run_alone
+from countersign.approval.autonomous import run_alone
+from countersign.approval.batch import GatedCall, approve_and_act
 from countersign.approval.plan import ApprovedPlan
 from countersign.approval.plan_calls import refused_deviation, run_in_plan
 from countersign.approval.rounds import Opening

@@ -1,4 +1,4 @@
-"""The gate's two public calls, for any Restate handler, and the agent's batched form of them.
+"""The gate's public calls, for any Restate handler: request_approval, gated_call, request_plan_approval.
 
 Each call is answered by `routing.ask` (in its journaled step) and routed by `routing.route`, the
 path the agent's turn takes too; this module only acts on the route.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import re
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, cast
 
@@ -23,16 +23,15 @@ import restate
 from pydantic import BaseModel, Field
 from restate import RunOptions, TerminalError
 
-from countersign.approval import ledger
-from countersign.approval.gate import Act, GateResult, act_on_deferred, freeze
-from countersign.approval.handover import results_or_cancel
+from countersign.approval.autonomous import run_alone
+from countersign.approval.batch import ask_people
+from countersign.approval.gate import Act, GateResult, freeze
 from countersign.approval.plan import ApprovedPlan, OnDeviation
 from countersign.approval.plan_calls import ask_plan_approval, refused_deviation, run_in_plan
-from countersign.approval.rounds import Opening
 from countersign.approval.routing import Answer, ask, mark_deviation, not_a_mapping, proposed, route, unrun
 from countersign.approval.run_state import RunBook, RunFacts, RunState
 from countersign.approval.trail import trail_of
-from countersign.approval.waiting import Waiter, notify_batch
+from countersign.approval.waiting import Waiter
 from countersign.approval.workflow import ApprovalRequest
 from countersign.approval.workflow import run as approval_run
 from countersign.compact import Compact
@@ -47,15 +46,10 @@ from countersign.contract import (
     Plan,
     TrailStep,
 )
-from countersign.events import emit as events
-from countersign.objects import bookkeeping
-from countersign.objects.audit import AuditEntry
 from countersign.security import links
 from countersign.tools import default_registry
 from countersign.tools.checkpoints import results_of
-from countersign.tools.context import ActionContext, read_context, read_facts
-from countersign.tools.execute import idempotency_key, run_tool
-from countersign.tools.policy import PolicyVerdict
+from countersign.tools.context import read_context, read_facts
 from countersign.tools.registry import Tool
 
 
@@ -225,7 +219,7 @@ async def _approval(
     # to it (the page waits, bounded, for the record if a person is faster than the workflow).
     # Never saved (the caller may be a Service, which keeps no state): it only carries the audit entries.
     book = RunBook(cast(restate.WorkflowContext, ctx), RunState(**facts.model_dump()))
-    [delivered] = await _ask_people(book, [Waiter(book, record, asked.verdict.policy)])
+    [delivered] = await ask_people(book, [Waiter(book, record, asked.verdict.policy)])
     request = ApprovalRequest(
         record=record, policy=asked.verdict, goal=facts.goal, model=facts.model, act=act, delivered=delivered
     )
@@ -241,22 +235,6 @@ async def _approval(
             "a run_id and index place one approval, once; pass a new run_id or index to ask again",
             409,
         ) from None
-
-
-async def _ask_people(book: RunBook, waiters: list[Waiter]) -> list[int]:
-    """Email the approvers of these approvals from the caller's journal (one email per approver for
-    a batch), and send what the audit trail and inboxes learn; the accepted sends per approval.
-    The caller then starts each approval's workflow with that count, and the workflow only waits."""
-    for waiter in waiters:
-        ledger.requested(book, waiter.record)
-    if len(waiters) > 1:
-        sent = await notify_batch(book, waiters)
-        delivered = [sent[i] for i in range(len(waiters))]
-    else:
-        delivered = [await waiters[0].notify("request", waiters[0].open_slots())]
-    # The caller's audit entries (the request and its emails) reach the trail before the approval's.
-    ledger.flush(book)
-    return delivered
 
 
 async def request_approval(
@@ -395,148 +373,3 @@ async def request_plan_approval(
     where, at = _where(ctx, run_id, index)
     facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
     return await ask_plan_approval(ctx, facts, plan, index=at, why=why, on_deviation=on_deviation)
-
-
-async def run_alone(
-    ctx: restate.Context,
-    tool: str,
-    args: dict[str, Any],
-    run_id: str,
-    index: int,
-    tenant: str,
-    requester: str,
-    policy_version: str = "",
-    webhooks: bool = True,
-    hold: Callable[[AuditEntry], None] | None = None,
-) -> ActionRecord:
-    """A call the policy lets run without a person, as one step of the caller's journal; its audit
-    trail (keyed like an approval, `<run_id>-a<index>`) gets one `autonomous` entry naming the policy
-    version that let it run alone (and, if `webhooks`, an `action.executed` event). The entry is sent
-    at once, or given to `hold` (an agent run's book, whose next bookkeeping call carries it)."""
-    run = await run_tool(ctx, tool, args, index, run_id=run_id, tenant=tenant, requester=requester)
-    action = ActionRecord(
-        index=index,
-        tool=tool,
-        proposed_args=args,
-        args=args,
-        outcome=Outcome.AUTONOMOUS if run.ok else Outcome.FAILED,
-        result=run.result if run.ok else {"error": run.error},
-        idempotency_key=idempotency_key(run_id, index),
-    )
-    if run.at is not None:  # the effect's step finished (a call given up after its retries has no time)
-        approval_id = links.approval_id(run_id, index)
-        entry = AuditEntry(
-            entry_id=f"autonomous/{index}",
-            approval_id=approval_id,
-            run_id=run_id,
-            tenant=tenant,
-            kind="autonomous",
-            at=run.at,
-            details={
-                "tool": tool,
-                "args": args,
-                "outcome": action.outcome.value,
-                "policy_version": policy_version,
-                "idempotency_key": action.idempotency_key,
-            },
-        )
-        if hold is None:
-            bookkeeping.send_entry(ctx, entry)
-        else:  # the caller's own next bookkeeping call carries it
-            hold(entry)
-        if webhooks:
-            events.autonomous_executed(ctx, tenant, run_id, approval_id, action, run.at)
-    return action
-
-
-class GatedCall(BaseModel):
-    """One of a model turn's calls that the policy gates, with its journaled answer."""
-
-    tool: str
-    index: int
-    args: dict[str, Any]
-    why: str
-    summary: str
-    verdict: PolicyVerdict
-    opening: Opening
-    deviation: str | None = None
-    """How the call departs from the run's approved plan (shown to the approver)."""
-    confidence: float | None = None
-    context: ActionContext | None = None
-    """The tool's facts, if read in the model turn's step (else read here, when it is frozen)."""
-
-
-async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateResult]:
-    """The gated calls of one of the agent's turns: frozen here, asked together (one email and one
-    page per approver when there are several), each decided in its own `Approval` workflow. A single
-    call is acted on there, as `gated_call` does; the calls of a batch run here, in order, once every
-    one of them is decided. The results in the order of `calls`."""
-    batch = [c.index for c in calls] if len(calls) > 1 else []
-    now = calls[-1].opening.now
-    records = []
-    state = book.state
-    trail = trail_of(state.actions)
-    for call in calls:
-        tool = default_registry().get(call.tool)
-        assert tool is not None  # the turn validated every gated call against the loaded tools
-        opening = Opening(nonce=call.opening.nonce, now=now)
-        context = call.context
-        if context is None:  # not read in the turn's step (see countersign.tools.context)
-            context = await read_context(
-                book.ctx,
-                call.tool,
-                call.args,
-                call.index,
-                run_id=state.run_id,
-                tenant=state.tenant,
-                requester=state.requester,
-            )
-        records.append(
-            freeze(
-                state,
-                tool,
-                call.index,
-                call.args,
-                call.why,
-                call.summary,
-                call.verdict,
-                opening,
-                batch,
-                context=context,
-                trail=trail,
-                confidence=call.confidence,
-            )
-        )
-        records[-1].deviation = call.deviation
-    for record in records:
-        book.state.approvals[record.approval_id] = record
-    book.state.phase = "awaiting_approval"
-    book.save()
-    delivered = await _ask_people(
-        book, [Waiter(book, r, c.verdict.policy) for r, c in zip(records, calls, strict=True)]
-    )
-    futures = [
-        book.ctx.workflow_call(
-            approval_run,
-            key=record.approval_id,
-            arg=ApprovalRequest(
-                record=record,
-                policy=call.verdict,
-                goal=book.state.goal,
-                model=book.state.model,
-                act="defer" if batch else "execute",
-                delivered=sent_,
-            ),
-        )
-        for record, call, sent_ in zip(records, calls, delivered, strict=True)
-    ]
-    book.hand_over(record.approval_id for record in records)
-    # A cancel of the run that came after its turn last checked for one (while the model was still
-    # answering, say) may have found none of these approvals to close: the run passes it on.
-    decided = await results_or_cancel(book.ctx, records, futures)
-    for result in decided:
-        book.state.approvals[result.record.approval_id] = result.record
-    book.save()
-    results = [await act_on_deferred(book, result, call.verdict) for result, call in zip(decided, calls, strict=True)]
-    ledger.flush(book)
-    return results
