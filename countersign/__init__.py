@@ -15,12 +15,17 @@ and gate a call from any Restate handler (Workflow, Virtual Object, Service):
     plan = await request_plan_approval(ctx, plan={"steps": [...]}, requester=...)       # approve a plan once
     record = await gated_call(ctx, tool="pay_invoice", args=..., requester=..., plan=plan)  # inside it: no new approval
 
+Library calls never end the process: a problem the caller has to fix is a `CountersignError` (its
+subclasses `SettingsError`, `ToolsError`, `PolicyError`, `ServicesError`), one line naming the setting
+or tool; only the console commands turn it into an exit status.
+
 Importing this package builds no Restate app and reads no settings; the gate's calls (which need the
 Restate SDK) load on first use. Everything not listed in `__all__` may change between releases.
 """
 
 from typing import TYPE_CHECKING, Any
 
+from countersign.exceptions import CountersignError, ServicesError, SettingsError, ToolsError
 from countersign.tools.policy import (
     ApproverContext,
     ApproverSource,
@@ -45,15 +50,19 @@ __all__ = [
     "ApproverContext",
     "ApproverSource",
     "Condition",
+    "CountersignError",
     "EditRule",
     "EffectContext",
     "PlanPolicy",
     "PolicyError",
     "PolicyVerdict",
     "Registry",
+    "ServicesError",
+    "SettingsError",
     "Tool",
     "ToolError",
     "ToolPolicy",
+    "ToolsError",
     "create_app",
     "gated_call",
     "load_tools",

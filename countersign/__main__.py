@@ -1,4 +1,9 @@
-"""Entry point for `python -m countersign`."""
+"""Entry point for `python -m countersign` and the `countersign` console script (`console`).
+
+Guarantee: a configuration the library refuses (a CountersignError, or settings that do not
+validate) ends the command with one line on stderr naming the setting and a non-zero exit status,
+never a traceback; see countersign.ops.cli for the commands themselves.
+"""
 
 import sys
 
@@ -6,12 +11,20 @@ from pydantic import ValidationError
 
 from countersign.ops.cli import main
 
-try:
-    sys.exit(main())
-except ValidationError as exc:
-    # One line, naming each bad variable as it is spelled in the environment.
-    problems = "; ".join(
-        f"{'.'.join(str(part) for part in error['loc']).upper()}: {error['msg'].removeprefix('Value error, ')}"
-        for error in exc.errors()
-    )
-    sys.exit(f"configuration error: {problems}" if exc.title == "Settings" else f"error: {exc.title}: {problems}")
+
+def console() -> None:
+    """Run the command line in `sys.argv` and exit with its status."""
+    try:
+        code = main()  # a CountersignError is already one line and exit 1 there
+    except ValidationError as exc:
+        # One line, naming each bad variable as it is spelled in the environment.
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']).upper()}: {error['msg'].removeprefix('Value error, ')}"
+            for error in exc.errors()
+        )
+        sys.exit(f"configuration error: {problems}" if exc.title == "Settings" else f"error: {exc.title}: {problems}")
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    console()

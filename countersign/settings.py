@@ -1,7 +1,8 @@
 """The one typed settings object, read from the environment once at startup.
 
-Guarantee: a bad value stops the process at startup with a message naming the variable; nothing
-else in the package reads `os.environ`.
+Guarantee: a bad value is refused when the settings are read, with a message naming the variable
+(a pydantic ValidationError from `Settings()`; a SettingsError from the checks below), and the console
+commands stop at start with that one line; nothing else in the package reads `os.environ`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from countersign.contract import EMAIL_PATTERN, NAME_PATTERN
+from countersign.exceptions import SettingsError
 
 SigningKeys = Annotated[dict[str, bytes], NoDecode]
 _DOMAIN = re.compile(r"^@[a-z0-9-]{1,63}(\.[a-z0-9-]{1,63})*\.[a-z]{2,24}$")
@@ -362,9 +364,10 @@ def get_settings() -> Settings:
 
 def require_signing_keys(settings: Settings) -> None:
     if not settings.approvals_signing_keys:
-        raise SystemExit(
+        raise SettingsError(
+            "APPROVALS_SIGNING_KEYS",
             "APPROVALS_SIGNING_KEYS is not set: give one or more kid:secret pairs (secret >= 32 chars), "
-            "e.g. APPROVALS_SIGNING_KEYS=k1:$(python -c 'import secrets;print(secrets.token_urlsafe(32))')"
+            "e.g. APPROVALS_SIGNING_KEYS=k1:$(python -c 'import secrets;print(secrets.token_urlsafe(32))')",
         )
 
 
@@ -373,12 +376,14 @@ def require_production_keys(settings: Settings) -> None:
     if settings.is_dev:
         return
     if not settings.restate_identity_keys:
-        raise SystemExit(
+        raise SettingsError(
+            "RESTATE_IDENTITY_KEYS",
             "RESTATE_IDENTITY_KEYS is not set: without it anyone who can reach the endpoint can invoke it. "
-            "Give the publickeyv1_... key of your Restate server (or set COUNTERSIGN_ENV=dev for local work)."
+            "Give the publickeyv1_... key of your Restate server (or set COUNTERSIGN_ENV=dev for local work).",
         )
     if not settings.countersign_journal_keys:
-        raise SystemExit(
+        raise SettingsError(
+            "COUNTERSIGN_JOURNAL_KEYS",
             "COUNTERSIGN_JOURNAL_KEYS is not set: journal values (arguments, emails) would be stored in plaintext. "
-            "Give kid:base64key pairs of 32 random bytes, e.g. COUNTERSIGN_JOURNAL_KEYS=j1:$(openssl rand -base64 32)"
+            "Give kid:base64key pairs of 32 random bytes, e.g. COUNTERSIGN_JOURNAL_KEYS=j1:$(openssl rand -base64 32)",
         )

@@ -303,18 +303,18 @@ def test_the_readmes_checks_refuse_a_refund_of_another_order_than_the_one_looked
 
 
 def test_bad_checkpoint_policies_stop_at_load_with_the_setting_named() -> None:
-    from countersign.tools.policy import ToolPolicy, merge
+    from countersign.tools.policy import PolicyError, ToolPolicy, merge
 
     base = ToolPolicy(gated=False)
-    with pytest.raises(SystemExit, match=r"checks.*reads order.*only args and results"):
+    with pytest.raises(PolicyError, match=r"checks.*reads order.*only args and results"):
         merge(base, {"checks": ["order.amount == 1"], "approvers": ["a@example.com"]}, source="policy.toml")
-    with pytest.raises(SystemExit, match=r"checks.*not a valid CEL expression"):
+    with pytest.raises(PolicyError, match=r"checks.*not a valid CEL expression"):
         merge(base, {"checks": ["args.amount =="], "approvers": ["a@example.com"]}, source="policy.toml")
-    with pytest.raises(SystemExit, match="need at least one approver"):
+    with pytest.raises(PolicyError, match="need at least one approver"):
         merge(base, {"gate_below_confidence": 0.7}, source="policy.toml")
-    with pytest.raises(SystemExit, match="gate_below_confidence"):
+    with pytest.raises(PolicyError, match="gate_below_confidence"):
         merge(base, {"gate_below_confidence": 7, "approvers": ["a@example.com"]}, source="policy.toml")
-    with pytest.raises(SystemExit, match="on_model_retired"):
+    with pytest.raises(PolicyError, match="on_model_retired"):
         merge(base, {"on_model_retired": "later"}, source="policy.toml")
     kept = merge(base, {"on_model_retired": {"successor": "openai:gpt-x"}}, source="policy.toml")
     assert kept.on_model_retired is not None and kept.on_model_retired != "end"

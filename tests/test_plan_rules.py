@@ -12,7 +12,15 @@ from countersign.approval.edits import EditRejected
 from countersign.approval.plan import ApprovedPlan, PlanRoute, apply_plan_edits, describe, editable_fields, route_call
 from countersign.contract import MAX_PLAN_FORM_FIELDS, Outcome, Plan
 from countersign.tools import default_registry
-from countersign.tools.policy import PlanPolicy, PolicyVerdict, ToolPolicy, evaluate, merge, policy_version
+from countersign.tools.policy import (
+    PlanPolicy,
+    PolicyError,
+    PolicyVerdict,
+    ToolPolicy,
+    evaluate,
+    merge,
+    policy_version,
+)
 from countersign.web.pages import _MAX_FORM_FIELDS
 
 
@@ -88,7 +96,7 @@ def test_a_plan_table_in_the_policy_file_is_validated_like_the_rest_of_the_polic
     merged = merge(default, {"plan": {"on_deviation": "refuse"}}, source="APPROVALS_POLICY_FILE p.toml")
     assert merged.plan == PlanPolicy(on_deviation="refuse")
     assert policy_version("issue_refund", merged) != policy_version("issue_refund", default)
-    with pytest.raises(SystemExit, match=r"APPROVALS_POLICY_FILE p.toml: plan.on_deviation"):
+    with pytest.raises(PolicyError, match=r"APPROVALS_POLICY_FILE p.toml: plan.on_deviation"):
         merge(default, {"plan": {"on_deviation": "sometimes"}}, source="APPROVALS_POLICY_FILE p.toml")
 
 

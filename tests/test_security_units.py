@@ -27,6 +27,7 @@ from support.records import approval_record
 
 from countersign.approval import confirm
 from countersign.contract import EMAIL_PATTERN, AgentTask, ApprovalRecord, ReassignRequest
+from countersign.exceptions import SettingsError
 from countersign.runtime import startup
 from countersign.security import identity
 from countersign.security.codec import (
@@ -346,9 +347,9 @@ def test_production_refuses_to_start_without_identity_or_journal_keys(
     public = identity.ensure_key_pair(tmp_path / "id.pem")
     ok = {"restate_identity_keys": public, "countersign_journal_keys": f"j1:{b64(K1)}"}
     outbox = {"approvals_outbox_dir": tmp_path / "outbox"}
-    with pytest.raises(SystemExit, match="RESTATE_IDENTITY_KEYS"):
+    with pytest.raises(SettingsError, match="RESTATE_IDENTITY_KEYS"):
         startup.check(production(**{**ok, "restate_identity_keys": ""}, **outbox))
-    with pytest.raises(SystemExit, match="COUNTERSIGN_JOURNAL_KEYS"):
+    with pytest.raises(SettingsError, match="COUNTERSIGN_JOURNAL_KEYS"):
         startup.check(production(**{**ok, "countersign_journal_keys": ""}, **outbox))
     with caplog.at_level("WARNING", logger="countersign.runtime.startup"):
         startup.check(production(**ok, **outbox))

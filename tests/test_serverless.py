@@ -30,6 +30,7 @@ from support.serverless import (
     pinned_deployments,
 )
 
+from countersign.exceptions import SettingsError
 from countersign.ops.cli import parser
 from countersign.runtime.lambda_handler import create_handler
 from countersign.security import identity
@@ -102,8 +103,9 @@ def test_lambda_handler_refuses_unsigned_requests_when_identity_keys_are_set(tmp
 
 def test_lambda_handler_refuses_to_start_without_signing_keys(tmp_path: Path) -> None:
     settings = Settings(countersign_env="test", approvals_signing_keys={}, approvals_outbox_dir=tmp_path / "outbox")
-    with pytest.raises(SystemExit, match="APPROVALS_SIGNING_KEYS is not set"):
+    with pytest.raises(SettingsError, match="APPROVALS_SIGNING_KEYS is not set") as refused:
         create_handler(settings)
+    assert refused.value.setting == "APPROVALS_SIGNING_KEYS"
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ from support.approver import open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, StackFactory, wait_until
 
-from countersign import Registry, load_tools
+from countersign import Registry, SettingsError, load_tools
 from countersign.runtime import startup
 from countersign.settings import Settings
 from countersign.tools import DEMO_TOOLS
@@ -256,10 +256,11 @@ def test_slack_in_a_policy_without_its_settings_stops_the_start(tmp_path: Path) 
     policy.write_text(POLICY)
     tools = Registry(load_tools([DEMO_TOOLS]), policy)
     keys = {"approvals_signing_keys": "k1:" + "s" * 32, "countersign_env": "dev"}
-    with pytest.raises(SystemExit) as caught:
+    with pytest.raises(SettingsError) as caught:
         startup.require_slack(Settings(**keys), tools)  # type: ignore[arg-type]
-    assert str(caught.value.code).startswith("SLACK_BOT_TOKEN is not set") and "\n" not in str(caught.value.code)
-    with pytest.raises(SystemExit, match=r"^SLACK_SIGNING_SECRET"):
+    assert str(caught.value).startswith("SLACK_BOT_TOKEN is not set") and "\n" not in str(caught.value)
+    assert caught.value.setting == "SLACK_BOT_TOKEN"
+    with pytest.raises(SettingsError, match=r"^SLACK_SIGNING_SECRET"):
         startup.require_slack(Settings(**keys, slack_bot_token="xoxb-1"), tools)  # type: ignore[arg-type]
     startup.require_slack(Settings(**keys, slack_bot_token="xoxb-1", slack_signing_secret="s"), tools)  # type: ignore[arg-type]
     startup.require_slack(Settings(**keys), Registry(load_tools([DEMO_TOOLS]), None))  # type: ignore[arg-type]

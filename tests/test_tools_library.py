@@ -1,9 +1,11 @@
-"""Unit tests: your own tools through the public API, policy evaluation (CEL, callables, fail closed)
-and the start-up refusals of COUNTERSIGN_TOOLS and the policy file."""
+"""Unit tests: your own tools through the public API, policy evaluation (CEL, callables, fail closed),
+and the refusals of COUNTERSIGN_TOOLS and the policy file (typed errors in the library, one line from
+the console)."""
 
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,7 +17,18 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 import countersign
-from countersign import ApproverContext, EffectContext, Registry, Tool, ToolPolicy, load_tools
+from countersign import (
+    ApproverContext,
+    CountersignError,
+    EffectContext,
+    Registry,
+    ServicesError,
+    SettingsError,
+    Tool,
+    ToolPolicy,
+    ToolsError,
+    load_tools,
+)
 from countersign.settings import Settings
 from countersign.tools.policy import PolicyError, PolicyVerdict, evaluate
 
@@ -192,7 +205,7 @@ def test_the_policy_file_overrides_a_loaded_tool_even_a_callable(tmp_path: Path)
 
 
 # --------------------------------------------------------------------------------------------------
-# Loading: each problem stops the start with one line naming the setting and what is wrong.
+# Loading: each problem is a typed error (never SystemExit) of one line naming the setting and what is wrong.
 
 _names = itertools.count()
 
@@ -215,10 +228,11 @@ def tool_line(name: str, policy: str = "ToolPolicy()") -> str:
     return f"Tool(name={name!r}, description='d', args_model=A, effect=fx, policy={policy})"
 
 
-def refusal(spec: str, policy_file: Path | None = None) -> str:
-    with pytest.raises(SystemExit) as caught:
+def refusal(spec: str, policy_file: Path | None = None, kind: type[CountersignError] = ToolsError) -> str:
+    with pytest.raises(CountersignError) as caught:
         Registry(load_tools(spec), policy_file)
-    message = str(caught.value.code)
+    assert type(caught.value) is kind, repr(caught.value)
+    message = str(caught.value)
     assert "\n" not in message, message
     return message
 
@@ -267,7 +281,7 @@ def test_an_invalid_policy_in_the_file_is_refused_naming_the_tool(module: Any, t
     name = module(f"TOOLS = [{tool_line('pay')}]")
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text('[tools.pay]\ngated = true\nwhen = "n >"\napprovers = ["a@example.com"]\n')
-    message = refusal(f"{name}:TOOLS", policy_file)
+    message = refusal(f"{name}:TOOLS", policy_file, PolicyError)
     assert message.startswith("APPROVALS_POLICY_FILE [tools.pay]: when:") and "not a valid CEL expression" in message
 
 
@@ -275,7 +289,7 @@ def test_a_policy_file_naming_a_tool_that_is_not_loaded_is_refused(module: Any, 
     name = module(f"TOOLS = [{tool_line('pay')}]")
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text("[tools.issue_refund]\ngated = false\n")
-    message = refusal(f"{name}:TOOLS", policy_file)
+    message = refusal(f"{name}:TOOLS", policy_file, PolicyError)
     assert message.startswith("APPROVALS_POLICY_FILE names tools that are not loaded: ['issue_refund']")
 
 
@@ -285,3 +299,50 @@ def test_the_setting_is_checked_for_form() -> None:
     for bad in ["a.b", "a.b:TOOLS:x", "a b:T", "a:T,a:T"]:
         with pytest.raises(ValidationError, match="COUNTERSIGN_TOOLS"):
             Settings.model_validate({"countersign_tools": bad})
+
+
+# --------------------------------------------------------------------------------------------------
+# The library boundary: library calls raise the family; only the console command exits.
+
+
+def test_library_calls_raise_typed_errors_and_never_exit() -> None:
+    for specs in (["nope:X"], "nope:X", "not a path"):
+        with pytest.raises(ToolsError) as refused:
+            load_tools(specs)
+        assert isinstance(refused.value, CountersignError) and refused.value.setting == "COUNTERSIGN_TOOLS"
+        assert str(refused.value).startswith("COUNTERSIGN_TOOLS")
+    pay = Tool(name="pay", description="Pay.", args_model=PayArgs, effect=effect, policy=ToolPolicy())
+    with pytest.raises(ToolsError, match=r"^code: tool name 'pay' is defined twice$"):
+        Registry([pay, pay])
+    family = (CountersignError, SettingsError, ToolsError, PolicyError, ServicesError)
+    assert all(issubclass(kind, CountersignError) and kind.__name__ in countersign.__all__ for kind in family)
+    assert PolicyError is countersign.PolicyError and issubclass(ServicesError, ValueError)
+    from countersign.runtime.services import ServicesError as where_it_was
+
+    assert where_it_was is ServicesError
+
+
+def clean_env(tmp_path: Path, **values: str) -> dict[str, str]:
+    """This machine's environment without any Countersign, Restate or approvals setting, plus `values`."""
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("COUNTERSIGN_", "RESTATE_", "APPROVALS_"))}
+    return {**keep, "APPROVALS_SIGNING_KEYS": "k1:" + "s" * 32, "APPROVALS_OUTBOX_DIR": str(tmp_path), **values}
+
+
+def stderr_lines(command: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
+    done = subprocess.run(command, env=env, cwd=env["APPROVALS_OUTBOX_DIR"], capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stderr.strip().splitlines()
+
+
+SERVE = ["serve", "--bind", "127.0.0.1:1"]
+# What the `countersign` script does: import the entry point (which runs nothing), then call it.
+CONSOLE_SCRIPT = "\n".join(
+    ["import sys", "from countersign.__main__ import console", f"sys.argv = ['countersign', *{SERVE!r}]", "console()"]
+)
+
+
+def test_the_console_turns_a_library_error_into_one_line_and_exit_1(tmp_path: Path) -> None:
+    env = clean_env(tmp_path, COUNTERSIGN_ENV="test", COUNTERSIGN_TOOLS="nope.tools:X")
+    said = "COUNTERSIGN_TOOLS=nope.tools:X: no module named 'nope.tools' (is it on sys.path?)"
+    # `python -m countersign`, and the console script's entry point `countersign.__main__:console`.
+    for command in ([sys.executable, "-m", "countersign", *SERVE], [sys.executable, "-c", CONSOLE_SCRIPT]):
+        assert stderr_lines(command, env) == (1, [said]), command

@@ -2,7 +2,8 @@
 
 Guarantee: `check_model` refuses, with a message that says what to do, any id whose provider is
 unknown, whose SDK extra is not installed, or whose API key is not configured, so a bad `MODEL`
-stops the process at startup and a bad `AgentTask.model` is a 400 before any turn runs.
+refuses the start (`startup.check`: a SettingsError naming it) and a bad `AgentTask.model` is a 400
+before any turn runs.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Command line: `python -m countersign dev | serve | pending | show | reassign | cancel | inbox | audit | stats |
 decode`.
 
-Guarantee: bad arguments print a usage error (exit 2), refused or failed operations a one-line
-reason (exit 1); never a traceback. `--json` gives scripts the same facts the tables show people.
+Guarantee: bad arguments print a usage error (exit 2), refused or failed operations and a
+configuration the library refuses (any CountersignError, e.g. `serve` at start) a one-line reason
+(exit 1); never a traceback. `--json` gives scripts the same facts the tables show people.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from countersign.exceptions import CountersignError
 
 if TYPE_CHECKING:
     from countersign.ops.operations import Operations
@@ -153,7 +156,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit code. What the library refuses is one line on stderr and exit 1."""
     args = parser().parse_args(argv)
+    try:
+        return _command(args)
+    except CountersignError as exc:
+        print(" ".join(str(exc).split("\n")), file=sys.stderr)
+        return 1
+
+
+def _command(args: argparse.Namespace) -> int:
     if args.command == "dev":
         from countersign.runtime.devstack import run_dev
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import tomlkit
 
-from countersign.tools.policy import ToolPolicy, merge, policy_version
+from countersign.tools.policy import PolicyError, ToolPolicy, merge, policy_version
 from countersign.tools.registry import Tool
 
 
@@ -67,7 +67,7 @@ def table_in(path: Path | None, tool: str) -> dict[str, Any]:
 def _effective(code: Tool, table: Mapping[str, Any]) -> ToolPolicy:
     try:
         return merge(code.policy, table, source=f"[tools.{code.name}]")
-    except SystemExit as exc:  # merge stops a start; here it is a refusal with the same message
+    except PolicyError as exc:  # merge refuses a start; here it is a refusal with the same message
         raise DialRefused(str(exc)) from None
 
 

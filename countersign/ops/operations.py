@@ -25,6 +25,7 @@ import restate
 
 from countersign.approval.run_state import RunState, assemble
 from countersign.contract import EMAIL_PATTERN, CancelRequest, ReassignRequest
+from countersign.exceptions import CountersignError
 from countersign.objects.audit import AuditLog, ChainedEntry, verify
 from countersign.ops.dial import DialRefused, graduate, table_in, tighten, write
 from countersign.ops.fatigue import Fatigue, fatigue
@@ -305,7 +306,7 @@ def _code_tool(settings: Settings, name: str) -> Tool:
 
     try:
         tools = load_tools(list(settings.countersign_tools) or [DEMO_TOOLS])
-    except SystemExit as exc:
+    except CountersignError as exc:
         raise OperationError(str(exc)) from None
     found = next((t for t in tools if t.name == name), None)
     if found is None:

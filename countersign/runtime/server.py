@@ -5,7 +5,8 @@ Restate SDK installs its own SIGTERM handler on the first request, displacing hy
 register through the SDK's hook list so ours still runs.) The limits come from `hypercorn.toml`
 inside the installed package, never from the current folder: `[restate]` for the Restate endpoint
 (long-lived HTTP/2 streams), `[public]` plus the PAGES_* timeouts for the pages. If one listener
-stops (or cannot bind), the others stop too, and a busy address is one line naming its setting.
+stops (or cannot bind), the others stop too, and a busy address is a one-line SettingsError naming
+its setting (an address that is also the pages' is refused the same way, before anything binds).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 from restate.server import install_shutdown_hook
 
+from countersign.exceptions import SettingsError
 from countersign.settings import SHARED_LISTENER, Settings
 
 HYPERCORN_TOML = "hypercorn.toml"
@@ -75,9 +77,10 @@ def listeners(settings: Settings, bind: str) -> list[Listener]:
     if settings.restate_endpoint_bind == SHARED_LISTENER:
         return [Listener(create_app(settings), restate_config(bind), "--bind")]
     if settings.restate_endpoint_bind == bind:
-        raise SystemExit(
+        raise SettingsError(
+            "RESTATE_ENDPOINT_BIND",
             f"RESTATE_ENDPOINT_BIND {bind} is the pages' --bind too: give it another port, "
-            f"or `{SHARED_LISTENER}` to serve both on one"
+            f"or `{SHARED_LISTENER}` to serve both on one",
         )
     return [
         Listener(public_app(settings), public_config(bind, settings), "--bind"),
@@ -93,7 +96,7 @@ async def serve(*listeners: Listener, stop: asyncio.Event | None = None) -> None
         try:
             sockets = listener.config.create_sockets()
         except OSError as exc:
-            raise SystemExit(_cannot_bind(listener, exc)) from None
+            raise _cannot_bind(listener, exc) from None
         for sock in (*sockets.secure_sockets, *sockets.insecure_sockets, *sockets.quic_sockets):
             sock.close()
     stop = stop or asyncio.Event()
@@ -103,7 +106,7 @@ async def serve(*listeners: Listener, stop: asyncio.Event | None = None) -> None
     # streams, without which hypercorn's graceful shutdown waits on them forever.
     loop.add_signal_handler(signal.SIGINT, os.kill, os.getpid(), signal.SIGTERM)
 
-    failures: list[str] = []
+    failures: list[SettingsError] = []
 
     async def one(listener: Listener) -> None:
         try:
@@ -117,8 +120,9 @@ async def serve(*listeners: Listener, stop: asyncio.Event | None = None) -> None
         for listener in listeners:
             group.create_task(one(listener))
     if failures:
-        raise SystemExit(failures[0])
+        raise failures[0]
 
 
-def _cannot_bind(listener: Listener, exc: OSError) -> str:
-    return f"{listener.setting} {', '.join(listener.config.bind)}: {exc.strerror or exc}"
+def _cannot_bind(listener: Listener, exc: OSError) -> SettingsError:
+    where = f"{listener.setting} {', '.join(listener.config.bind)}"
+    return SettingsError(listener.setting, f"{where}: {exc.strerror or exc}")

@@ -3,9 +3,9 @@
 Guarantee: every `package.module:ATTR` named in `COUNTERSIGN_SERVICES` is imported when the endpoint
 is built, which `startup.check` does before anything is served. A module that does not import, a
 missing attribute, a value that is not a Restate Service, VirtualObject or Workflow (or a list of
-them), or a service name used twice (also against Countersign's own names) stops the process with
-one line naming `COUNTERSIGN_SERVICES`. Services given to `create_app(services=...)` are checked the
-same way, with a `ValueError` naming `services`.
+them), or a service name used twice (also against Countersign's own names) raises a one-line
+ServicesError naming `COUNTERSIGN_SERVICES` (a CountersignError, and a ValueError), before anything is
+served. Services given to `create_app(services=...)` are checked the same way, the error naming `services`.
 """
 
 from __future__ import annotations
@@ -15,14 +15,11 @@ from collections.abc import Iterable, Sequence
 
 import restate
 
+from countersign.exceptions import ServicesError as ServicesError
 from countersign.settings import Settings
 
 RestateService = restate.Service | restate.VirtualObject | restate.Workflow
 SETTING = "COUNTERSIGN_SERVICES"
-
-
-class ServicesError(ValueError):
-    """A service that cannot be served; the message is one line for the operator."""
 
 
 def countersign_services() -> list[RestateService]:
@@ -60,15 +57,19 @@ def load(spec: str) -> list[RestateService]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ServicesError(f"{SETTING}: cannot import {module_name!r} (from {spec!r}): {exc}") from None
+        raise _refused(f"cannot import {module_name!r} (from {spec!r}): {exc}") from None
     except Exception as exc:  # the user's module failed while importing; say how, in one line
-        raise ServicesError(f"{SETTING}: importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
+        raise _refused(f"importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
     if not hasattr(module, attr):
-        raise ServicesError(f"{SETTING}: module {module_name!r} has no attribute {attr!r} (from {spec!r})")
+        raise _refused(f"module {module_name!r} has no attribute {attr!r} (from {spec!r})")
     try:
         return _as_services(getattr(module, attr))
     except ServicesError as exc:
-        raise ServicesError(f"{SETTING}: {spec} {exc}") from None
+        raise _refused(f"{spec} {exc}") from None
+
+
+def _refused(problem: str) -> ServicesError:
+    return ServicesError(f"{SETTING}: {problem}", setting=SETTING)
 
 
 def user_services(settings: Settings) -> list[RestateService]:
@@ -100,5 +101,8 @@ def endpoint_services(settings: Settings, extra: Sequence[object] = ()) -> list[
 def _add(served: list[RestateService], new: Iterable[RestateService], source: str) -> None:
     for service in new:
         if any(s.name == service.name for s in served):
-            raise ServicesError(f"{source}: a service named {service.name!r} is already served by this endpoint")
+            raise ServicesError(
+                f"{source}: a service named {service.name!r} is already served by this endpoint",
+                setting=SETTING if source == SETTING else None,
+            )
         served.append(service)

@@ -1,10 +1,11 @@
-"""Checks run once before serving: the process refuses to start on bad configuration.
+"""Checks run once before serving: a start with bad configuration is refused.
 
 Guarantee: missing signing keys, an unreadable policy file, tools that do not load
-(COUNTERSIGN_TOOLS), an unknown default model, an unwritable outbox or a `COUNTERSIGN_SERVICES` entry
-that cannot be served stop the process with a one-line reason, before any request is accepted; so do
-missing request identity keys or journal keys outside dev/test (an endpoint anyone could invoke, a
-journal in plaintext). In dev/test, running without them is allowed and said in one warning line each.
+(COUNTERSIGN_TOOLS), an unknown default model, an unwritable outbox or a `COUNTERSIGN_SERVICES`
+entry that cannot be served raise a one-line CountersignError (countersign.exceptions) before any
+request is accepted; so do missing request identity keys or journal keys outside dev/test (an
+endpoint anyone could invoke, a journal in plaintext). `serve` prints that line and exits. In
+dev/test, running without the keys is allowed and said in one warning line each.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import logging
 
 from countersign.channels import uses_slack
+from countersign.exceptions import SettingsError
 from countersign.llm import ModelUnavailable, check_model
-from countersign.runtime.services import SETTING, ServicesError, endpoint_services, user_services
+from countersign.runtime.services import SETTING, endpoint_services, user_services
 from countersign.settings import Settings, require_production_keys, require_signing_keys
 from countersign.tools import default_registry
 from countersign.tools.registry import Registry
@@ -37,7 +39,9 @@ def require_slack(settings: Settings, tools: Registry) -> None:
         ("SLACK_SIGNING_SECRET", settings.slack_signing_secret),
     ):
         if value is None or not value.get_secret_value():
-            raise SystemExit(f"{setting} is not set: the policy of {', '.join(named)} sends approvals through Slack")
+            raise SettingsError(
+                setting, f"{setting} is not set: the policy of {', '.join(named)} sends approvals through Slack"
+            )
 
 
 def warn_relaxed(settings: Settings) -> None:
@@ -59,23 +63,23 @@ def warn_relaxed(settings: Settings) -> None:
 
 
 def check(settings: Settings) -> None:
+    """Every check of the module's guarantee, in order; the first problem is raised."""
     require_signing_keys(settings)
     tools = default_registry()
     try:
         check_model(settings.model)
     except ModelUnavailable as exc:
-        raise SystemExit(f"MODEL: {exc}") from None
+        raise SettingsError("MODEL", f"MODEL: {exc}") from None
     if not settings.resend_api_key:
         try:
             settings.approvals_outbox_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise SystemExit(f"APPROVALS_OUTBOX_DIR {settings.approvals_outbox_dir}: {exc}") from None
+            raise SettingsError(
+                "APPROVALS_OUTBOX_DIR", f"APPROVALS_OUTBOX_DIR {settings.approvals_outbox_dir}: {exc}"
+            ) from None
     require_production_keys(settings)
     require_slack(settings, tools)
-    try:
-        endpoint_services(settings)
-    except ServicesError as exc:
-        raise SystemExit(str(exc)) from None
+    endpoint_services(settings)
     # Only once everything checked out, so that a refusal is the one line the process prints.
     warn_relaxed(settings)
     log.info("tools: %s: %s", tools.source, ", ".join(tools.names()))

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import to_jsonable_python
 
 from countersign.contract import EMAIL_PATTERN, ModelRetiredChoice, StopReason
+from countersign.exceptions import PolicyError as PolicyError
 from countersign.tools import checkpoints
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ MAX_DEADLINE_SECONDS = 7 * 24 * 3600
 ChannelName = Literal["email", "slack"]
 """The channels an approval request can go out through (see countersign.channels)."""
 MAX_CONDITION_LENGTH = 2000
+POLICY_FILE = "APPROVALS_POLICY_FILE"
 # Today's one-comparison form (`amount_usd > 500`): evaluated exactly as it always was, in Decimal
 # arithmetic on the argument's value; every other condition is a CEL expression.
 _CONDITION = re.compile(r"^\s*([a-z_][a-z0-9_]*)\s*(>=|<=|==|!=|>|<)\s*(-?\d+(?:\.\d+)?)\s*$")
@@ -73,10 +75,6 @@ Condition: TypeAlias = str | Callable[[Any], bool]
 that receives the validated arguments and returns True when the call needs approval."""
 ApproverSource: TypeAlias = Sequence[str] | Callable[[ApproverContext], Sequence[str]]
 """Approvers' emails, or a callable that names them for one call (the requester's manager, on-call)."""
-
-
-class PolicyError(Exception):
-    """The policy could not be resolved for one call (an approver callable failed or named no one valid)."""
 
 
 class PlanPolicy(BaseModel):
@@ -471,24 +469,29 @@ def errors_text(exc: ValidationError) -> str:
 
 
 def load_overrides(path: Path | None) -> dict[str, dict[str, Any]]:
-    """Per-tool overrides from the policy file: `[tools.<name>]` tables of ToolPolicy fields."""
+    """Per-tool overrides from the policy file: `[tools.<name>]` tables of ToolPolicy fields
+    (PolicyError naming APPROVALS_POLICY_FILE when it cannot be read or holds anything else)."""
     if path is None:
         return {}
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SystemExit(f"APPROVALS_POLICY_FILE {path}: {exc}") from exc
+        raise PolicyError(f"{POLICY_FILE} {path}: {exc}", setting=POLICY_FILE) from exc
     tools = data.get("tools", {})
     if not isinstance(tools, dict) or set(data) - {"tools"}:
-        raise SystemExit(f"APPROVALS_POLICY_FILE {path}: expected only [tools.<name>] tables")
+        raise PolicyError(f"{POLICY_FILE} {path}: expected only [tools.<name>] tables", setting=POLICY_FILE)
     return {str(name): dict(table) for name, table in tools.items()}
 
 
-def merge(default: ToolPolicy, override: Mapping[str, Any] | None, *, source: str) -> ToolPolicy:
+def merge(
+    default: ToolPolicy, override: Mapping[str, Any] | None, *, source: str, setting: str | None = None
+) -> ToolPolicy:
+    """`default` with `override`'s fields; PolicyError (naming `source`, and `setting` when given)
+    when the result is not a valid policy."""
     if not override:
         return default
     try:
         kept = {} if "approvers" in override else {"approvers_from": default.approvers_from}
         return ToolPolicy.model_validate({**default.model_dump(), **kept, **override})
     except ValidationError as exc:
-        raise SystemExit(f"{source}: {errors_text(exc)}") from None
+        raise PolicyError(f"{source}: {errors_text(exc)}", setting=setting) from None

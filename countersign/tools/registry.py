@@ -4,7 +4,8 @@ Guarantee: a tool runs only with arguments that validated against its pydantic m
 effect receives the idempotency key of the call, so a re-run after a crash finds its own earlier
 effect instead of repeating it. A registry is checked whole when it is built: duplicate names, a
 confirm or editable field that is not an argument, a policy-file table for a tool that is not loaded,
-or an invalid policy stop the process at start with one line naming the tool.
+or an invalid policy raise a one-line ToolsError or PolicyError (countersign.exceptions) naming the
+tool, before anything is served.
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ from typing import Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ValidationError
 
+from countersign.exceptions import PolicyError, ToolsError
 from countersign.settings import parse_tools_spec
-from countersign.tools.policy import ToolPolicy, condition_variables, load_overrides, merge
+from countersign.tools.policy import POLICY_FILE, ToolPolicy, condition_variables, load_overrides, merge
 
 log = logging.getLogger(__name__)
 
 TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 """What every model provider accepts as a function name."""
 SUMMARY_LIMIT = 200
+SETTING = "COUNTERSIGN_TOOLS"
 
 
 class ToolError(Exception):
@@ -151,18 +154,21 @@ class Registry:
         seen: dict[str, Tool] = {}
         for tool in tools:
             if tool.name in seen:
-                raise SystemExit(f"{source}: tool name {tool.name!r} is defined twice")
+                raise ToolsError(f"{source}: tool name {tool.name!r} is defined twice")
             seen[tool.name] = tool
         overrides = load_overrides(policy_file)
         unknown = set(overrides) - set(seen)
         if unknown:
-            raise SystemExit(
-                f"APPROVALS_POLICY_FILE names tools that are not loaded: {sorted(unknown)} (loaded: {sorted(seen)})"
+            raise PolicyError(
+                f"{POLICY_FILE} names tools that are not loaded: {sorted(unknown)} (loaded: {sorted(seen)})",
+                setting=POLICY_FILE,
             )
         self._tools = {
             name: replace(
                 tool,
-                policy=merge(tool.policy, overrides.get(name), source=f"APPROVALS_POLICY_FILE [tools.{name}]"),
+                policy=merge(
+                    tool.policy, overrides.get(name), source=f"{POLICY_FILE} [tools.{name}]", setting=POLICY_FILE
+                ),
             )
             for name, tool in seen.items()
         }
@@ -198,25 +204,25 @@ def _warn_on_unknown_names(tool: Tool) -> None:
 def load_tools(specs: str | Sequence[str]) -> list[Tool]:
     """The tools named by `module:ATTR` import paths (a list of Tool or a Registry each), in order.
 
-    Stops the process (SystemExit naming COUNTERSIGN_TOOLS and the path) on a module that does not
+    Raises ToolsError (one line naming COUNTERSIGN_TOOLS and the path) on a module that does not
     import, a missing attribute, something that is not tools, or a name defined twice."""
     if isinstance(specs, str):
         try:
             specs = parse_tools_spec(specs)
         except ValueError as exc:
-            raise SystemExit(f"COUNTERSIGN_TOOLS: {exc}") from None
+            raise ToolsError(f"{SETTING}: {exc}", setting=SETTING) from None
     tools: list[Tool] = []
     where: dict[str, str] = {}
     for spec in specs:
         for tool in _tools_at(spec):
             if tool.name in where:
-                raise SystemExit(
-                    f"COUNTERSIGN_TOOLS: tool name {tool.name!r} is defined twice ({where[tool.name]}, {spec})"
+                raise ToolsError(
+                    f"{SETTING}: tool name {tool.name!r} is defined twice ({where[tool.name]}, {spec})", setting=SETTING
                 )
             where[tool.name] = spec
             tools.append(tool)
     if not tools:
-        raise SystemExit(f"COUNTERSIGN_TOOLS={','.join(specs)}: names no tools")
+        raise ToolsError(f"{SETTING}={','.join(specs)}: names no tools", setting=SETTING)
     return tools
 
 
@@ -226,25 +232,25 @@ def _tools_at(spec: str) -> list[Tool]:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and module_name.startswith(exc.name):
-            raise SystemExit(
-                f"COUNTERSIGN_TOOLS={spec}: no module named {module_name!r} (is it on sys.path?)"
-            ) from None
-        raise SystemExit(f"COUNTERSIGN_TOOLS={spec}: importing {module_name} failed: {_failure(exc)}") from None
+            raise _refused(spec, f"no module named {module_name!r} (is it on sys.path?)") from None
+        raise _refused(spec, f"importing {module_name} failed: {_failure(exc)}") from None
     except Exception as exc:  # the user's module raised while defining its tools
-        raise SystemExit(f"COUNTERSIGN_TOOLS={spec}: importing {module_name} failed: {_failure(exc)}") from None
+        raise _refused(spec, f"importing {module_name} failed: {_failure(exc)}") from None
     if not hasattr(module, attr):
-        raise SystemExit(f"COUNTERSIGN_TOOLS={spec}: module {module_name} has no attribute {attr!r}")
+        raise _refused(spec, f"module {module_name} has no attribute {attr!r}")
     value = getattr(module, attr)
     if isinstance(value, Registry):
         return list(value)
     if not isinstance(value, list | tuple):
-        raise SystemExit(f"COUNTERSIGN_TOOLS={spec}: is a {type(value).__name__}, not a list of Tool or a Registry")
+        raise _refused(spec, f"is a {type(value).__name__}, not a list of Tool or a Registry")
     for position, item in enumerate(value):
         if not isinstance(item, Tool):
-            raise SystemExit(
-                f"COUNTERSIGN_TOOLS={spec}: item {position} is a {type(item).__name__}, not a countersign.Tool"
-            )
+            raise _refused(spec, f"item {position} is a {type(item).__name__}, not a countersign.Tool")
     return list(value)
+
+
+def _refused(spec: str, problem: str) -> ToolsError:
+    return ToolsError(f"{SETTING}={spec}: {problem}", setting=SETTING)
 
 
 def _failure(exc: Exception) -> str:
