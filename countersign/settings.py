@@ -133,7 +133,7 @@ class Settings(BaseSettings):
     approvals_outbox_dir: Path = Path(".outbox")
     approvals_policy_file: Path | None = None
     countersign_tools: Annotated[tuple[str, ...], NoDecode] = ()
-    """`package.module:ATTR[,...]`: the tools to load instead of the demo tools."""
+    """`package.module:ATTR[,...]`: the tools to load (outside dev, required unless tools are given in code)."""
     resend_api_key: str | None = None
     resend_from: str = "Countersign <approvals@countersign.local>"
     resend_webhook_secret: str | None = None

@@ -30,6 +30,9 @@ from support.processes import (
     start_registered_app,
 )
 
+from countersign.settings import Settings
+from countersign.tools import DEMO_TOOLS, use_tools
+
 BOTH_PROTOCOLS = frozenset(
     {
         "test_approval_flow",
@@ -84,6 +87,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     return "replay torture: restate inactivity timeout 0s" if os.environ.get(ALWAYS_REPLAY) == "1" else None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def demo_tools_in_this_process() -> None:
+    """The demo tools, named, for the code tests run in this process (a tool's policy, the gate's
+    steps): the tests' environment names no tools and is not dev, where that refuses to start. The
+    apps the tests start name them in their environment instead (make_app_env)."""
+    use_tools(Settings(countersign_tools=(DEMO_TOOLS,)))
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from support.processes import DEPLOYMENT_PROTOCOLS, REPO, AppServer, RestateServer, free_port
 
 from countersign.security import identity
+from countersign.tools import DEMO_TOOLS
 
 MANIFEST = {"accept": "application/vnd.restate.endpointmanifest.v3+json"}
 
@@ -88,6 +89,7 @@ def test_an_app_expecting_another_key_refuses_this_server(restate_server: Restat
     port = free_port()
     env = {
         "COUNTERSIGN_ENV": "test",
+        "COUNTERSIGN_TOOLS": DEMO_TOOLS,
         "APPROVALS_SIGNING_KEYS": "k1:" + "s" * 32,
         "APPROVALS_OUTBOX_DIR": str(tmp_path / "outbox"),
         "DEMO_DB": str(tmp_path / "b.db"),

@@ -24,6 +24,7 @@ from support.business import new_order, refunds_for
 from support.processes import AppServer, Ingress, RestateServer, wait_until
 
 from countersign.approval import confirm
+from countersign.tools import DEMO_TOOLS
 from countersign.web.views import SECURITY_HEADERS
 
 # hypercorn closes a connection whose request body a refusal never read, and a client that reuses
@@ -244,6 +245,7 @@ def garbage_ingress() -> Iterator[str]:
 def test_an_unexpected_error_is_the_uniform_500_page(garbage_ingress: str, tmp_path: Path) -> None:
     env = {
         "COUNTERSIGN_ENV": "test",
+        "COUNTERSIGN_TOOLS": DEMO_TOOLS,
         "RESTATE_INGRESS_URL": garbage_ingress,
         "APPROVALS_SIGNING_KEYS": "k1:" + "s" * 32,
         "APPROVALS_OUTBOX_DIR": str(tmp_path / "outbox"),

@@ -1,6 +1,6 @@
 """Unit tests: your own tools through the public API, policy evaluation (CEL, callables, fail closed),
-and the refusals of COUNTERSIGN_TOOLS and the policy file (typed errors in the library, one line from
-the console)."""
+the refusals of COUNTERSIGN_TOOLS and the policy file (typed errors in the library, one line from the
+console), which tools a process serves (the demo only in dev), and an app built from Tool objects."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
+from starlette.testclient import TestClient
 
 import countersign
+import countersign.tools
 from countersign import (
     ApproverContext,
     CountersignError,
@@ -27,9 +29,12 @@ from countersign import (
     Tool,
     ToolPolicy,
     ToolsError,
+    create_app,
     load_tools,
 )
+from countersign.security import identity
 from countersign.settings import Settings
+from countersign.tools import DEMO_TOOLS, build_registry
 from countersign.tools.policy import PolicyError, PolicyVerdict, evaluate
 
 FINANCE = ("finance@example.com",)
@@ -346,3 +351,47 @@ def test_the_console_turns_a_library_error_into_one_line_and_exit_1(tmp_path: Pa
     # `python -m countersign`, and the console script's entry point `countersign.__main__:console`.
     for command in ([sys.executable, "-m", "countersign", *SERVE], [sys.executable, "-c", CONSOLE_SCRIPT]):
         assert stderr_lines(command, env) == (1, [said]), command
+
+
+@pytest.mark.parametrize("mode", ["production", "test"])
+def test_serve_outside_dev_without_tools_stops_with_one_line_naming_the_setting(tmp_path: Path, mode: str) -> None:
+    keys = {
+        "RESTATE_IDENTITY_KEYS": identity.ensure_key_pair(tmp_path / "id.pem"),
+        "COUNTERSIGN_JOURNAL_KEYS": "j1:" + "A" * 43 + "=",
+    }
+    env = clean_env(tmp_path, COUNTERSIGN_ENV=mode, **keys)
+    code, lines = stderr_lines([sys.executable, "-m", "countersign", *SERVE], env)
+    assert code == 1 and len(lines) == 1, lines
+    assert lines[0].startswith("COUNTERSIGN_TOOLS is not set and no tools were given to create_app(tools=...)")
+
+
+def test_the_demo_tools_load_unnamed_only_in_dev() -> None:
+    dev = build_registry(Settings(countersign_env="dev", countersign_tools=()))
+    assert "issue_refund" in dev.names() and dev.source.startswith("the demo tools")
+    for mode in ("test", "production"):
+        with pytest.raises(SettingsError, match=r"^COUNTERSIGN_TOOLS is not set") as refused:
+            build_registry(Settings(countersign_env=mode, countersign_tools=()))
+        assert refused.value.setting == "COUNTERSIGN_TOOLS"
+    named = build_registry(Settings(countersign_env="production", countersign_tools=(DEMO_TOOLS,)))
+    assert named.names() == dev.names() and named.source == f"COUNTERSIGN_TOOLS={DEMO_TOOLS}"
+
+
+def test_create_app_builds_an_app_from_tool_objects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(countersign.tools, "_process", None)  # the tests' own demo tools come back after
+    settings = Settings(
+        countersign_env="production",
+        countersign_tools=(),
+        approvals_signing_keys={"k1": b"s" * 40},
+        approvals_outbox_dir=tmp_path,
+    )
+    with pytest.raises(SettingsError, match=r"^COUNTERSIGN_TOOLS is not set"):
+        create_app(settings)
+    pay = Tool(name="pay", description="Pay.", args_model=PayArgs, effect=effect, policy=gated("amount > 100"))
+    app = create_app(settings, tools=[pay])
+    assert TestClient(app).get("/healthz").text == "ok"
+    served = countersign.tools.default_registry()
+    assert served.names() == ["pay"] and served.source == "create_app(tools=...)"
+    with pytest.raises(ToolsError, match=r"tool name 'pay' is defined twice"):
+        create_app(settings, tools=[pay, pay])
+    with pytest.raises(ToolsError, match=r"item 0 is a str, not a countersign.Tool \(import paths go in COUNTERSIGN_"):
+        create_app(settings, tools=["pkg.tools:TOOLS"])  # type: ignore[list-item]

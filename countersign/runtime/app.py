@@ -1,7 +1,8 @@
 """The ASGI apps: the Restate endpoint under `/restate/`, and the public one (the approval pages, the
 Resend webhook and `/healthz`); `create_app` serves both as one app, for platforms that give one port.
 `create_app` and `restate_app` are public API: they also serve the user's own Restate services (see
-countersign.runtime.services), so one endpoint and one registration carry both.
+countersign.runtime.services), so one endpoint and one registration carry both, and take the user's
+tools as `Tool` objects (see countersign.tools for which tools a process serves).
 
 Guarantee: any error a page handler did not expect becomes a uniform 500 page with no detail, every
 page response carries the security headers, no page handler runs before its whole request body has
@@ -13,7 +14,7 @@ dev); the pages call Restate through a client that uses the same cipher.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 
 import restate
@@ -30,6 +31,8 @@ from countersign.runtime import h2_streams
 from countersign.runtime.services import RestateService, endpoint_services
 from countersign.security.codec import journal_codec
 from countersign.settings import Settings
+from countersign.tools import use_tools
+from countersign.tools.registry import Tool
 from countersign.web.hardening import RESTATE_PREFIX, BodyDeadline, SecurityHeaders, http_error
 from countersign.web.inbox_page import InboxPage
 from countersign.web.pages import ApprovalPages
@@ -41,10 +44,14 @@ from countersign.web.webhooks import ResendWebhooks
 log = logging.getLogger("countersign.app")
 
 
-def restate_endpoint(settings: Settings, services: Sequence[RestateService] = ()) -> RestateAppT:
+def restate_endpoint(
+    settings: Settings, services: Sequence[RestateService] = (), tools: Iterable[Tool] | None = None
+) -> RestateAppT:
     """Countersign's services, those named by COUNTERSIGN_SERVICES, then `services`; all of them under
-    the same request identity keys and journal codec. hypercorn, in this process, then schedules its
+    the same request identity keys and journal codec, serving the process's tools (`tools`, when
+    given, become them: `countersign.tools.use_tools`). hypercorn, in this process, then schedules its
     HTTP/2 streams with `h2_streams` (a waiting invocation holds one open for minutes)."""
+    use_tools(settings, tools)
     h2_streams.install()
     return restate.app(
         services=endpoint_services(settings, services),
@@ -123,15 +130,21 @@ async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
     await PlainTextResponse(_ENDPOINT_ONLY, status_code=404)(scope, receive, send)
 
 
-def restate_app(settings: Settings, services: Sequence[RestateService] = ()) -> ASGIApp:
+def restate_app(
+    settings: Settings, services: Sequence[RestateService] = (), *, tools: Iterable[Tool] | None = None
+) -> ASGIApp:
     """The Restate endpoint under `/restate/` and nothing else (what the Restate listener serves):
     Countersign's services, those named by COUNTERSIGN_SERVICES and `services` (Restate Services,
-    VirtualObjects, Workflows). A service that is not one of those, or a name served twice, raises
-    `ValueError`."""
-    return with_restate(restate_endpoint(settings, services), _not_found)
+    VirtualObjects, Workflows), for COUNTERSIGN_TOOLS's tools and `tools` (`Tool` objects).
+    A service that is not one of those, or a name served twice, raises ServicesError (a ValueError);
+    tools that cannot be served, ToolsError or PolicyError; no tools at all outside dev, SettingsError
+    naming COUNTERSIGN_TOOLS (all of them CountersignError)."""
+    return with_restate(restate_endpoint(settings, services, tools), _not_found)
 
 
-def create_app(settings: Settings, services: Sequence[RestateService] = ()) -> ASGIApp:
+def create_app(
+    settings: Settings, services: Sequence[RestateService] = (), *, tools: Iterable[Tool] | None = None
+) -> ASGIApp:
     """Everything on one app (one port): `restate_app`'s endpoint under `/restate/`, the public app for
-    the rest. `services` and its `ValueError` as for `restate_app`."""
-    return with_restate(restate_endpoint(settings, services), public_app(settings))
+    the rest. `services`, `tools` and their errors as for `restate_app`."""
+    return with_restate(restate_endpoint(settings, services, tools), public_app(settings))

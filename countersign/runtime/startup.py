@@ -1,11 +1,12 @@
 """Checks run once before serving: a start with bad configuration is refused.
 
 Guarantee: missing signing keys, an unreadable policy file, tools that do not load
-(COUNTERSIGN_TOOLS), an unknown default model, an unwritable outbox or a `COUNTERSIGN_SERVICES`
-entry that cannot be served raise a one-line CountersignError (countersign.exceptions) before any
-request is accepted; so do missing request identity keys or journal keys outside dev/test (an
-endpoint anyone could invoke, a journal in plaintext). `serve` prints that line and exits. In
-dev/test, running without the keys is allowed and said in one warning line each.
+(COUNTERSIGN_TOOLS), no tools named outside dev, an unknown default model, an unwritable outbox or a
+`COUNTERSIGN_SERVICES` entry that cannot be served raise a one-line CountersignError
+(countersign.exceptions) before any request is accepted; so do missing request identity keys or
+journal keys outside dev/test (an endpoint anyone could invoke, a journal in plaintext). `serve`
+prints that line and exits. In dev/test, running without the keys is allowed and said in one
+warning line each.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from countersign.exceptions import SettingsError
 from countersign.llm import ModelUnavailable, check_model
 from countersign.runtime.services import SETTING, endpoint_services, user_services
 from countersign.settings import Settings, require_production_keys, require_signing_keys
-from countersign.tools import default_registry
+from countersign.tools import use_tools
 from countersign.tools.registry import Registry
 
 log = logging.getLogger("countersign.runtime.startup")
@@ -63,9 +64,9 @@ def warn_relaxed(settings: Settings) -> None:
 
 
 def check(settings: Settings) -> None:
-    """Every check of the module's guarantee, in order; the first problem is raised."""
+    """Every check of the module's guarantee, in order; the first problem is raised. The tools are the
+    process's (those an earlier `create_app(tools=...)` set, else built from `settings` and kept)."""
     require_signing_keys(settings)
-    tools = default_registry()
     try:
         check_model(settings.model)
     except ModelUnavailable as exc:
@@ -78,6 +79,7 @@ def check(settings: Settings) -> None:
                 "APPROVALS_OUTBOX_DIR", f"APPROVALS_OUTBOX_DIR {settings.approvals_outbox_dir}: {exc}"
             ) from None
     require_production_keys(settings)
+    tools = use_tools(settings)
     require_slack(settings, tools)
     endpoint_services(settings)
     # Only once everything checked out, so that a refusal is the one line the process prints.

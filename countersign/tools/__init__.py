@@ -1,28 +1,61 @@
 """Tools the agent may call: the registry, the demo tools and their business database.
 
-Guarantee: the loaded set is either the tools named by COUNTERSIGN_TOOLS or, when it is unset, the
-demo tools; it is built once, with the policy file's overrides, and any problem stops the start.
+Guarantee: the process serves the tools COUNTERSIGN_TOOLS names, then those given in code
+(`create_app(tools=...)`); the demo tools only when neither names any and COUNTERSIGN_ENV=dev (or
+when named like any other set). Anywhere else, no tools is a SettingsError naming COUNTERSIGN_TOOLS,
+so production never serves the demo by accident. The set is built once, with the policy file's
+overrides, and any problem is a typed error (countersign.exceptions) raised before anything is served.
 """
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Iterable
 
-from countersign.settings import get_settings
-from countersign.tools.registry import Registry, load_tools
+from countersign.exceptions import SettingsError, ToolsError
+from countersign.settings import Settings, get_settings
+from countersign.tools.registry import SETTING, Registry, Tool, load_tools
 
 DEMO_TOOLS = "countersign.demo.tools:DEMO_TOOLS"
-"""The tools loaded when COUNTERSIGN_TOOLS is unset, by import path like any other set (the tools SDK
+"""The tools loaded in dev when no tools are named, by import path like any other set (the tools SDK
 does not depend on its demo)."""
+IN_CODE = "create_app(tools=...)"
+NO_TOOLS = (
+    f"{SETTING} is not set and no tools were given to {IN_CODE}: name yours ({SETTING}=package.module:ATTR); "
+    f"the demo tools load only with COUNTERSIGN_ENV=dev or when named ({SETTING}={DEMO_TOOLS})"
+)
+
+_process: Registry | None = None
 
 
-@functools.cache
+def build_registry(settings: Settings, tools: Iterable[Tool] = ()) -> Registry:
+    """COUNTERSIGN_TOOLS's tools, then `tools`, with the policy file's overrides (see the module's
+    guarantee for the demo tools). ToolsError, PolicyError or SettingsError on a problem."""
+    given = list(tools)
+    for position, item in enumerate(given):
+        if not isinstance(item, Tool):
+            hint = f" (import paths go in {SETTING})" if isinstance(item, str) else ""
+            raise ToolsError(f"{IN_CODE}: item {position} is a {type(item).__name__}, not a countersign.Tool{hint}")
+    named = load_tools(settings.countersign_tools) if settings.countersign_tools else []
+    sources = [f"{SETTING}={','.join(settings.countersign_tools)}"] if named else []
+    sources += [IN_CODE] if given else []
+    if not sources:
+        if settings.countersign_env != "dev":
+            raise SettingsError(SETTING, NO_TOOLS)
+        named, sources = load_tools([DEMO_TOOLS]), [f"the demo tools ({SETTING} is unset, COUNTERSIGN_ENV=dev)"]
+    return Registry([*named, *given], settings.approvals_policy_file, source=" and ".join(sources))
+
+
+def use_tools(settings: Settings, tools: Iterable[Tool] | None = None) -> Registry:
+    """The tools this process serves. With `tools` (even none): built from `settings` and `tools`, and
+    from then on the process's tools. Without: the process's tools, built from `settings` the first time."""
+    global _process
+    if tools is None and _process is not None:
+        return _process
+    _process = build_registry(settings, () if tools is None else tools)
+    return _process
+
+
 def default_registry() -> Registry:
-    """The loaded tools with the policy file's overrides applied; loaded once, fails fast."""
-    settings = get_settings()
-    if settings.countersign_tools:
-        tools = load_tools(settings.countersign_tools)
-        source = f"COUNTERSIGN_TOOLS={','.join(settings.countersign_tools)}"
-    else:
-        tools, source = load_tools([DEMO_TOOLS]), "the demo tools (COUNTERSIGN_TOOLS is unset)"
-    return Registry(tools, settings.approvals_policy_file, source=source)
+    """The process's tools: those `create_app` (or `startup.check`) set, else built from the settings
+    on first use. Loaded once; fails fast."""
+    return use_tools(get_settings())

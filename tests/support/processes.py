@@ -33,6 +33,7 @@ import httpx
 from countersign.security import identity
 from countersign.security.codec import JournalCipher
 from countersign.settings import SHARED_LISTENER, parse_journal_keys
+from countersign.tools import DEMO_TOOLS
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_MODULES = REPO / "node_modules"
@@ -650,8 +651,10 @@ class Ingress:
 
 
 def make_app_env(*, ingress_url: str, outbox_dir: Path, db_path: Path) -> dict[str, str]:
-    """The handlers app's environment for tests, with a fresh signing key and journal key."""
+    """The handlers app's environment for tests, with a fresh signing key and journal key, serving the
+    demo tools by name (outside dev, as in production, the app serves no tools it was not given)."""
     return {
+        "COUNTERSIGN_TOOLS": DEMO_TOOLS,
         "RESTATE_INGRESS_URL": ingress_url,
         "APPROVALS_SIGNING_KEYS": "k1:" + secrets.token_urlsafe(32),
         "COUNTERSIGN_JOURNAL_KEYS": "j1:" + base64.b64encode(secrets.token_bytes(32)).decode(),
