@@ -28,7 +28,8 @@ from typing import Any
 import restate
 from pydantic import BaseModel
 
-from countersign import gated_call, request_approval, request_plan_approval
+from countersign import Tool, ToolPolicy, gated_call, request_approval, request_plan_approval
+from countersign.demo.tools import DEMO_TOOLS
 
 
 class Ask(BaseModel):
@@ -75,6 +76,14 @@ async def twice(ctx: restate.Context, ask: Ask) -> list[dict[str, Any]]:
     return [first.model_dump(mode="json"), second.model_dump(mode="json")]
 
 
+class Nothing(BaseModel):
+    pass
+
+
+STRAY = Tool(
+    name="stray", description="Loaded by nobody.", args_model=Nothing, effect=lambda a, c: {}, policy=ToolPolicy()
+)
+OBJECTS = {tool.name: tool for tool in [*DEMO_TOOLS, STRAY]}
 raw = restate.Service("RawGate")
 
 
@@ -88,7 +97,8 @@ async def call(ctx: restate.Context, ask: dict[str, Any]) -> dict[str, Any]:
         plan = await request_plan_approval(ctx, plan=ask["plan"], **placed, **who)
         return plan.model_dump(mode="json")
     gate = gated_call if ask["call"] == "gated_call" else request_approval
-    outcome = await gate(ctx, tool=ask["tool"], args=ask["args"], **placed, **who)
+    tool = OBJECTS[ask["tool"]] if ask.get("as_object") else ask["tool"]
+    outcome = await gate(ctx, tool=tool, args=ask["args"], **placed, **who)
     return outcome.model_dump(mode="json")
 
 
@@ -265,6 +275,21 @@ def test_bad_input_to_the_gate_is_a_clear_answer_not_a_stuck_invocation(stack: I
     bad_run = stack.ingress.send("RefundCheck", None, "ask", {"run_id": "no spaces", "tool": "nope", "args": {}})
     failed = stack.ingress.wait_invocation(bad_run)
     assert failed.status_code == 400 and "run_id" in failed.json()["message"]
+
+
+def test_a_tool_object_is_gated_as_the_loaded_tool_and_one_not_loaded_is_a_400(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 90000)
+    looked_up = raw_call("gated_call", "object-1", tool="lookup_order", args={"order_id": order}, as_object=True)
+    record = stack.ingress.wait_invocation(stack.ingress.send("RawGate", None, "call", looked_up))
+    assert record.status_code == 200 and record.json()["outcome"] == "autonomous", record.text
+    assert record.json()["result"]["order_id"] == order
+    for call in ("gated_call", "request_approval"):
+        stray = raw_call(call, f"object-{call}", tool="stray", args={}, as_object=True)
+        refused = stack.ingress.wait_invocation(stack.ingress.send("RawGate", None, "call", stray))
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["message"].startswith("tool 'stray' is not loaded (loaded: delete_customer, ")
+    statuses = {row["status"] for row in stack.restate.invocation_statuses("RawGate")}
+    assert statuses == {"completed"}, "each ended at once, none backing off"
 
 
 def test_a_placement_no_link_can_carry_is_a_400_before_anything_is_sent(stack: IsolatedStack) -> None:

@@ -16,6 +16,7 @@ import asyncio
 import re
 import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, cast
 
@@ -132,6 +133,26 @@ def _check_people(requester: str, tenant: str) -> None:
         raise TerminalError(f"tenant {tenant[:80]!r} must match {NAME_PATTERN}", 400)
 
 
+def _tool_name(tool: object) -> str:
+    """The name the policy step looks up. A name the process does not know is an answer of its own
+    (an agent's model may guess one); a `Tool` object must be the one loaded under its name (the
+    policy file may have changed its policy), else the caller's code is wrong: a terminal 400."""
+    if isinstance(tool, str):
+        return tool
+    if not isinstance(tool, Tool):
+        raise TerminalError(f"tool must be a tool's name or a countersign.Tool, not {type(tool).__name__}", 400)
+    loaded = default_registry().get(tool.name)
+    if loaded is None:
+        raise TerminalError(
+            f"tool {tool.name!r} is not loaded (loaded: {', '.join(default_registry().names())}): "
+            "name it in COUNTERSIGN_TOOLS or give it to create_app(tools=...)",
+            400,
+        )
+    if replace(tool, policy=loaded.policy) != loaded:
+        raise TerminalError(f"tool {tool.name!r} differs from the tool loaded under that name: pass that one", 400)
+    return tool.name
+
+
 def _described(why: object, goal: object) -> tuple[str, str]:
     """`why` and `goal` as they are stored and shown: text (None is none), each cut to the contract's
     bound (`MAX_WHY`, `MAX_GOAL`, as an agent's task and script take them), the cut marked with "…".
@@ -160,7 +181,7 @@ async def _open(
     facts: bool = True,
 ) -> tuple[str, int, str, _Asked]:
     _check_people(requester, tenant)
-    name = tool if isinstance(tool, str) else tool.name
+    name = _tool_name(tool)
     where, at = _where(ctx, run_id, index)
     if (shape := not_a_mapping(args)) is not None:  # e.g. a list: an answer of its own, no step
         return where, at, name, _Asked(**dict(shape))
