@@ -1,6 +1,8 @@
 """The built wheel, installed (not editable) into a fresh venv and run from a folder outside the checkout:
-it serves the pages and the Restate endpoint, renders emails from its packaged templates and serves
-with the packaged hypercorn limits. The wheel is built the way the Dockerfile builds it: from exactly
+a user's own serverless project, whose code sits in a `handlers/` package first on `sys.path` (as AWS
+Lambda lays it out), served with the `countersign` console script: it serves the user's tool on the
+pages and the Restate endpoint, renders emails from its packaged templates and serves with the
+packaged hypercorn limits. The wheel is built the way the Dockerfile builds it: from exactly
 the paths its build stage copies, with `pip wheel --no-deps`, then installed with `-c requirements.lock`.
 
 Slow (a venv and an install): marked `wheel`, run once by `scripts/test` with the rest of the suite.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -24,22 +27,24 @@ import h2.events
 import h2.settings
 import pytest
 from support.approver import submit, wait_for_email
-from support.business import new_order, refunds_for
 from support.processes import REPO, AppServer, Ingress, RestateServer, free_port, make_app_env
 
 pytestmark = pytest.mark.wheel
 PIP_TIMEOUT = 600
 
 
+USER_PROJECT = REPO / "tests" / "support" / "user_project"
+
+
 class InstalledApp(AppServer):
-    """`python -m countersign serve` run by the wheel's venv instead of this interpreter."""
+    """`countersign serve`: the console script the wheel installed, instead of this interpreter."""
 
     python: ClassVar[str] = ""
 
     @classmethod
     def _command(cls, port: int) -> list[str]:
         assert cls.python, "set InstalledApp.python to the venv's interpreter first"
-        return [cls.python, "-m", "countersign", "serve", "--bind", f"127.0.0.1:{port}"]
+        return [str(Path(cls.python).parent / "countersign"), "serve", "--bind", f"127.0.0.1:{port}"]
 
 
 def pip(*args: str, python: str = sys.executable) -> None:
@@ -122,23 +127,32 @@ def h2_settings_of(port: int, timeout: float = 10.0) -> dict[int, int]:
 def test_the_installed_wheel_serves_one_approval_from_outside_the_checkout(
     venv: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    folder = tmp_path / "deploy"  # what a deployment has: no source tree, no email_templates/
-    folder.mkdir()
+    # What a deployment has: the user's own project (its `handlers/` package first on sys.path), no
+    # source tree of Countersign's, no email_templates/.
+    folder = tmp_path / "deploy"
+    shutil.copytree(USER_PROJECT, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    probe = (
+        "import countersign, countersign.mail.render as r, handlers; from countersign import Tool; "
+        "print(countersign.__file__, r.template_dir(), handlers.__file__)"
+    )
     located = subprocess.run(
-        [
-            str(venv),
-            "-c",
-            "import countersign, countersign.mail.render as r; print(countersign.__file__, r.template_dir())",
-        ],
+        [str(venv), "-c", probe],
         cwd=folder,
-        env={"PATH": "/usr/bin:/bin"},
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(folder)},
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     )
+    package, templates, users = located.stdout.split()
     site = str(venv.parent.parent)
-    assert all(path.startswith(site) for path in located.stdout.split()), located.stdout
+    assert package.startswith(site) and templates.startswith(site), located.stdout
+    assert users == str(folder / "handlers" / "__init__.py"), "the user's own handlers/ is theirs"
+    usage = subprocess.run(
+        [str(venv.parent / "countersign"), "--help"], capture_output=True, text=True, timeout=60, check=True
+    )
+    for command in ("serve", "dev", "pending", "show", "cancel", "reassign", "inbox", "stats", "audit", "decode"):
+        assert command in usage.stdout, (command, usage.stdout)
 
     restate = RestateServer.start(tmp_path_factory.mktemp("restate-wheel"))
     try:
@@ -149,7 +163,9 @@ def test_the_installed_wheel_serves_one_approval_from_outside_the_checkout(
             ),
             "RESTATE_IDENTITY_KEYS": restate.identity_key,
             "APPROVALS_PUBLIC_URL": f"http://127.0.0.1:{port}",
-            "PYTHONPATH": "",
+            "PYTHONPATH": str(folder),
+            "COUNTERSIGN_TOOLS": "handlers.tools:TOOLS",
+            "PAYMENTS_DB": str(folder / "payments.db"),
         }
         InstalledApp.python = str(venv)
         app = InstalledApp.start(env=env, port=port, cwd=folder, log_path=tmp_path / "app.log")
@@ -164,17 +180,18 @@ def test_the_installed_wheel_serves_one_approval_from_outside_the_checkout(
             restate.register(app.restate_uri)
             ingress = Ingress(restate.ingress_url, env["COUNTERSIGN_JOURNAL_KEYS"])
             try:
-                order = new_order(folder / "business.db", 70000)
-                step = {"tool": "issue_refund", "args": {"order_id": order, "amount_usd": "700.00", "reason": "r"}}
-                task = {"goal": "refund", "requester": "alice@example.com", "script": [step]}
+                step = {"tool": "pay_invoice", "args": {"invoice_id": "inv_1001", "amount_usd": "700.00"}}
+                task = {"goal": "pay the invoice", "requester": "alice@example.com", "script": [step]}
                 assert ingress.start_run("wheel-1", task).status_code == 202
                 [mail] = wait_for_email(folder / "outbox", "wheel-1", timeout=30)
-                assert "issue_refund" in mail.text and "<html" in mail.html.lower()
+                assert "pay_invoice" in mail.text and "<html" in mail.html.lower()
                 assert mail.link.startswith(app.url)
                 assert submit(mail.link, "approve").status_code == 200
                 result = ingress.wait_output("wheel-1", timeout=60).json()
                 assert result["status"] == "completed" and result["actions"][0]["outcome"] == "approved"
-                assert refunds_for(folder / "business.db", "wheel-1") == [("wheel-1/0", order, 70000)]
+                with sqlite3.connect(folder / "payments.db") as db:
+                    paid = db.execute("SELECT idempotency_key, invoice_id, cents FROM payments").fetchall()
+                assert paid == [("wheel-1/0", "inv_1001", 70000)]
             finally:
                 ingress.close()
         finally:
