@@ -25,7 +25,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PORT=8080 \
     APPROVALS_OUTBOX_DIR=/tmp/outbox \
     DEMO_DB=/tmp/demo/business.db \
-    RESTATE_ENDPOINT_BIND=shared
+    RESTATE_ENDPOINT_BIND=shared \
+    PYTHONPATH=/app
 
 COPY requirements.lock /tmp/requirements.lock
 COPY --from=wheel /dist /tmp/dist
@@ -33,9 +34,13 @@ RUN pip install -c /tmp/requirements.lock /tmp/dist/*.whl \
     && rm -rf /tmp/dist /tmp/requirements.lock \
     && useradd --system --uid 10001 --no-create-home countersign
 
-# An empty working directory: nothing is read from beside the package.
+# This repository's deployable handlers (the demo's tools and business database, the Lambda function),
+# beside the installed library, on PYTHONPATH (as a Lambda function's folder is). No tools are served
+# unless named: run the demo with -e COUNTERSIGN_TOOLS=handlers.demo.tools:DEMO_TOOLS, or build your
+# own image with your tools where handlers/ is here.
 WORKDIR /app
+COPY handlers ./handlers
 USER countersign
 EXPOSE 8080
 # The platform sets PORT. exec: python is PID 1 and gets SIGTERM, which `serve` turns into a graceful stop.
-CMD ["sh", "-c", "exec python -m countersign serve --bind 0.0.0.0:${PORT}"]
+CMD ["sh", "-c", "exec countersign serve --bind 0.0.0.0:${PORT}"]

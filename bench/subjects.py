@@ -27,9 +27,9 @@ from support.processes import AppServer
 from bench.floor import SERVICE as FLOOR_SERVICE
 from bench.library_subject import SERVICE as LIBRARY_SERVICE
 from bench.watch import MarkerWatcher, approval_email_run, floor_marker_run
-from countersign.demo.business_db import connect, transaction
 from countersign.security.codec import JournalCipher
 from countersign.settings import parse_journal_keys
+from handlers.demo.business_db import connect, transaction
 
 REQUESTER = "bench@example.com"
 GATED_AMOUNT = "800.00"

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from countersign.approval.calls import ApprovalOutcome, gated_call, request_approval, request_plan_approval
     from countersign.approval.plan import ApprovedPlan
     from countersign.runtime.app import create_app
+    from countersign.runtime.lambda_handler import handler as lambda_handler
+    from countersign.settings import Settings, get_settings
 
 _GATE = ("ApprovalOutcome", "gated_call", "request_approval", "request_plan_approval")
 
@@ -58,6 +60,7 @@ __all__ = [
     "PolicyVerdict",
     "Registry",
     "ServicesError",
+    "Settings",
     "SettingsError",
     "Tool",
     "ToolError",
@@ -65,6 +68,8 @@ __all__ = [
     "ToolsError",
     "create_app",
     "gated_call",
+    "get_settings",
+    "lambda_handler",
     "load_tools",
     "request_approval",
     "request_plan_approval",
@@ -84,4 +89,12 @@ def __getattr__(name: str) -> Any:
         from countersign.runtime.app import create_app
 
         return create_app
+    if name in ("Settings", "get_settings"):
+        from countersign import settings
+
+        return getattr(settings, name)
+    if name == "lambda_handler":
+        from countersign.runtime.lambda_handler import handler
+
+        return handler
     raise AttributeError(f"module 'countersign' has no attribute {name!r}")

@@ -12,7 +12,7 @@ from support.approver import form_csrf, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import AppServer, Ingress, IsolatedStack, StackFactory, wait_until
 
-from countersign.demo.business_db import connect, transaction
+from handlers.demo.business_db import connect, transaction
 
 
 def refund_step(order: int, amount: str, **extra: Any) -> dict[str, Any]:

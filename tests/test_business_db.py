@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from countersign.demo.business_db import connect, transaction
+from handlers.demo.business_db import connect, transaction
 
 
 def test_a_thread_reuses_its_connection_and_a_failure_leaves_no_transaction_open(tmp_path: Path) -> None:

@@ -270,9 +270,9 @@ def test_the_readmes_checks_refuse_a_refund_of_another_order_than_the_one_looked
     refund of order 1042 of the same total run alone, and `results.lookup_order` is the latest
     lookup, so an earlier lookup of 1042 does not count once another order was looked up."""
     from countersign.contract import ActionRecord, Outcome
-    from countersign.demo.tools import DEMO_TOOLS, IssueRefundArgs
     from countersign.tools.checkpoints import results_of
     from countersign.tools.policy import evaluate, merge
+    from handlers.demo.tools import DEMO_TOOLS, IssueRefundArgs
 
     readme = (REPO / "README.md").read_text().split("### Confidence-gated checkpoints", 1)[1]
     table = tomllib.loads(readme.split("```toml\n", 1)[1].split("```", 1)[0])["tools"]["issue_refund"]

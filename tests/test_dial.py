@@ -15,9 +15,9 @@ from support.business import new_order
 from support.processes import StackFactory, wait_until
 from test_operations import cli, refund_task
 
-from countersign.demo.tools import DEMO_TOOLS
 from countersign.ops.dial import DialRefused, graduate, tighten
 from countersign.tools.policy import evaluate, merge
+from handlers.demo.tools import DEMO_TOOLS
 
 REFUND = next(t for t in DEMO_TOOLS if t.name == "issue_refund")
 ORIGINAL = "# finance owns this file\n[tools.email_customer]\ndeadline_seconds = 3600  # one hour\n"

@@ -29,7 +29,7 @@ import restate
 from pydantic import BaseModel
 
 from countersign import Tool, ToolPolicy, gated_call, request_approval, request_plan_approval
-from countersign.demo.tools import DEMO_TOOLS
+from handlers.demo.tools import DEMO_TOOLS
 
 
 class Ask(BaseModel):

@@ -27,7 +27,7 @@ import restate
 from pydantic import BaseModel
 
 from countersign import Tool, ToolPolicy, gated_call, request_plan_approval
-from countersign.demo.tools import DEMO_TOOLS, IssueRefundArgs, issue_refund
+from handlers.demo.tools import DEMO_TOOLS, IssueRefundArgs, issue_refund
 
 
 class Case(BaseModel):

@@ -22,7 +22,6 @@ from fakes.provider import Reply
 from support.processes import REPO
 
 from countersign.agent.model_turn import tool_specs as _tool_specs
-from countersign.demo.tools import IssueRefundArgs, LookupOrderArgs
 from countersign.llm import ModelUnavailable, check_model, parse_model_id
 from countersign.llm.anthropic_chat import AnthropicChat
 from countersign.llm.base import (
@@ -39,6 +38,7 @@ from countersign.llm.openai_chat import OpenAIChat
 from countersign.llm.prompt import EMPTY_REPLY
 from countersign.llm.provider_errors import retry_after_seconds
 from countersign.settings import get_settings
+from handlers.demo.tools import IssueRefundArgs, LookupOrderArgs
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from support.approver import approval_emails, form_csrf, open_page, submit, wait
 from support.business import new_order, refunds_for
 from support.processes import AppServer, Ingress, StackFactory, wait_until
 
-from countersign.demo.business_db import connect, transaction
+from handlers.demo.business_db import connect, transaction
 
 
 def refund(order: int, amount: str) -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -234,7 +236,7 @@ def test_the_container_file_copies_what_the_app_reads_and_serves_on_port() -> No
     assert stages == ["FROM python:3.11-slim AS wheel", "FROM python:3.11-slim"]
     from_context = [line.split()[1:-1] for line in lines if line.startswith("COPY ") and "--from=" not in line]
     copied = {src for sources in from_context for src in sources}
-    assert {"countersign", "email_templates", "requirements.lock", "pyproject.toml"} <= copied
+    assert {"countersign", "email_templates", "requirements.lock", "pyproject.toml", "handlers"} <= copied
     assert all((REPO / src).exists() for src in copied)
     # The image runs the built wheel, installed with the locked dependencies, never an editable checkout.
     assert "RUN pip install -c /tmp/requirements.lock /tmp/dist/*.whl \\" in lines
@@ -242,7 +244,30 @@ def test_the_container_file_copies_what_the_app_reads_and_serves_on_port() -> No
     allowed = {line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines() if line[:1] == "!"}
     assert copied <= allowed, "the build context must include every copied path"
     [cmd] = [line for line in lines if line.startswith("CMD ")]
-    assert json.loads(cmd.removeprefix("CMD "))[-1] == "exec python -m countersign serve --bind 0.0.0.0:${PORT}"
+    assert json.loads(cmd.removeprefix("CMD "))[-1] == "exec countersign serve --bind 0.0.0.0:${PORT}"
+    # The deployable handlers/ (the demo, the Lambda function) import beside the installed library.
+    assert "WORKDIR /app" in lines and "COPY handlers ./handlers" in lines and "PYTHONPATH=/app" in dockerfile
     # The platform routes one port: the Restate endpoint shares it with the pages.
     assert "RESTATE_ENDPOINT_BIND=shared" in dockerfile
     assert parser().parse_args(["serve", "--bind", "0.0.0.0:8080"]).bind == "0.0.0.0:8080"
+
+
+def test_the_deployable_handlers_build_from_the_environment_with_the_public_api(tmp_path: Path) -> None:
+    """handlers/app.py and handlers/lambda_function.py (this repository's deployable) build from the
+    environment through `countersign`'s public names only; without a signing key, one typed error."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),
+        "COUNTERSIGN_ENV": "dev",
+        "APPROVALS_OUTBOX_DIR": str(tmp_path / "outbox"),
+        "DEMO_DB": str(tmp_path / "business.db"),
+    }
+    probe = (
+        "from handlers.app import app; from handlers.lambda_function import handler; "
+        "import countersign; print(callable(app), handler is countersign.lambda_handler)"
+    )
+    keyed = {**env, "APPROVALS_SIGNING_KEYS": "k1:" + "s" * 40}
+    built = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=keyed, capture_output=True, text=True)
+    assert built.returncode == 0 and built.stdout.split() == ["True", "True"], built.stderr
+    unkeyed = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert unkeyed.returncode != 0 and "SettingsError: APPROVALS_SIGNING_KEYS is not set" in unkeyed.stderr

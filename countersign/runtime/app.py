@@ -27,10 +27,10 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from countersign.runtime import h2_streams
+from countersign.runtime import h2_streams, startup
 from countersign.runtime.services import RestateService, endpoint_services
 from countersign.security.codec import journal_codec
-from countersign.settings import Settings
+from countersign.settings import Settings, get_settings
 from countersign.tools import use_tools
 from countersign.tools.registry import Tool
 from countersign.web.hardening import RESTATE_PREFIX, BodyDeadline, SecurityHeaders, http_error
@@ -143,8 +143,15 @@ def restate_app(
 
 
 def create_app(
-    settings: Settings, services: Sequence[RestateService] = (), *, tools: Iterable[Tool] | None = None
+    settings: Settings | None = None, services: Sequence[RestateService] = (), *, tools: Iterable[Tool] | None = None
 ) -> ASGIApp:
     """Everything on one app (one port): `restate_app`'s endpoint under `/restate/`, the public app for
-    the rest. `services`, `tools` and their errors as for `restate_app`."""
+    the rest. `services`, `tools` and their errors as for `restate_app`. Without `settings`, they are
+    read from the environment and checked as `serve` checks them before it serves (keys, model,
+    outbox, tools, services): a CountersignError names the first problem."""
+    if settings is None:
+        settings = get_settings()
+        if tools is not None:
+            use_tools(settings, tools)
+        startup.check(settings)
     return with_restate(restate_endpoint(settings, services, tools), public_app(settings))

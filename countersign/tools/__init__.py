@@ -15,7 +15,7 @@ from countersign.exceptions import SettingsError, ToolsError
 from countersign.settings import Settings, get_settings
 from countersign.tools.registry import SETTING, Registry, Tool, load_tools
 
-DEMO_TOOLS = "countersign.demo.tools:DEMO_TOOLS"
+DEMO_TOOLS = "handlers.demo.tools:DEMO_TOOLS"
 """The tools loaded in dev when no tools are named, by import path like any other set (the tools SDK
 does not depend on its demo)."""
 IN_CODE = "create_app(tools=...)"

@@ -26,7 +26,6 @@ from fakes.resend_stack import resend_env
 from support.business import new_order
 from support.processes import REPO, IsolatedStack, StackFactory, wait_until
 
-from countersign.demo.business_db import connect, transaction
 from faults.chaos import Chaos, Provider
 from faults.conftest import FaultOptions
 from faults.invariants import (
@@ -43,6 +42,7 @@ from faults.mail import MailSource, Outbox, ResendLog
 from faults.people import Click, People
 from faults.plan import FINANCE, OPS, POLICY_TOML, SECURITY, Choice, FaultPlan, RunPlan, draw
 from faults.switch import Switch
+from handlers.demo.business_db import connect, transaction
 
 ARTIFACTS = REPO / "test-artifacts" / "faults"
 MODES = ["outbox-http2", "resend-http1.1"]

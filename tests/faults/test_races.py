@@ -17,7 +17,7 @@ from support.approver import form_csrf, open_page, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import AppServer, Ingress, RestateServer, StackFactory, wait_until
 
-from countersign.demo.business_db import connect, transaction
+from handlers.demo.business_db import connect, transaction
 
 
 def refund(order: int, amount: str = "700.00") -> dict[str, Any]:

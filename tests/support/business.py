@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from countersign.demo.business_db import connect, transaction
+from handlers.demo.business_db import connect, transaction
 
 # Always six digits (for fewer than 100,000 orders a session): the order id is in the summaries the
 # pages show, and a seventh digit wrapped the phone page's heading onto a second line, putting Approve

@@ -10,8 +10,8 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
-from countersign.demo.tools import DEMO_TOOLS, EmailCustomerArgs
 from countersign.tools.registry import EffectContext
+from handlers.demo.tools import DEMO_TOOLS, EmailCustomerArgs
 
 _EMAIL = next(t for t in DEMO_TOOLS if t.name == "email_customer")
 

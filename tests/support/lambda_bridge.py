@@ -3,9 +3,10 @@
 Run as `python tests/support/lambda_bridge.py --bind 127.0.0.1:PORT`. Each request becomes the event
 restate-server sends to a Lambda function (`path`, `httpMethod`, `headers`, base64 `body`,
 `isBase64Encoded: true`; see restate's service-client `ApiGatewayProxyRequest`) and is passed to
-`countersign.runtime.lambda_handler.handler` in this process, one at a time on one thread, as one Lambda
-instance would. The handler's response dict is written back as the HTTP response. `GET /healthz`
-is answered by the bridge itself. Each event is logged as `lambda event: METHOD PATH -> STATUS`.
+`handlers.lambda_function.handler` (this repository's function) in this process, one at a time on
+one thread, as one Lambda instance would. The handler's response dict is written back as the HTTP
+response. `GET /healthz` is answered by the bridge itself. Each event is logged as
+`lambda event: METHOD PATH -> STATUS`.
 
 Guarantee: the handler sees nothing but the event and returns nothing but its response dict; the
 bridge adds no behaviour of its own (no retries, no caching).
@@ -18,12 +19,16 @@ import base64
 import concurrent.futures
 import http.server
 import sys
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from restate.server_types import RestateLambdaRequest, RestateLambdaResponse
 
-from countersign.runtime.lambda_handler import handler
+# Lambda puts the function's code folder first on sys.path: here, the repository's root (handlers/).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from handlers.lambda_function import handler
 
 # Lambda runs one event at a time per instance; the SDK adapter also keeps its event loop per thread.
 _instance = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lambda")

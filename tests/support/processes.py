@@ -652,9 +652,12 @@ class Ingress:
 
 def make_app_env(*, ingress_url: str, outbox_dir: Path, db_path: Path) -> dict[str, str]:
     """The handlers app's environment for tests, with a fresh signing key and journal key, serving the
-    demo tools by name (outside dev, as in production, the app serves no tools it was not given)."""
+    demo tools by name (outside dev, as in production, the app serves no tools it was not given).
+    The demo is this repository's (handlers/demo), not the library's: the checkout is on PYTHONPATH,
+    after the folder the app runs in, as a deployment puts its own code beside the installed library."""
     return {
         "COUNTERSIGN_TOOLS": DEMO_TOOLS,
+        "PYTHONPATH": str(REPO),
         "RESTATE_INGRESS_URL": ingress_url,
         "APPROVALS_SIGNING_KEYS": "k1:" + secrets.token_urlsafe(32),
         "COUNTERSIGN_JOURNAL_KEYS": "j1:" + base64.b64encode(secrets.token_bytes(32)).decode(),

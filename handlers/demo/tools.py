@@ -14,10 +14,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from countersign.demo.business_db import connect, transaction
-from countersign.settings import get_settings
-from countersign.tools.policy import ToolPolicy
-from countersign.tools.registry import EditRule, EffectContext, Tool, ToolError
+from countersign import EditRule, EffectContext, Tool, ToolError, ToolPolicy, get_settings
+from handlers.demo.business_db import connect, transaction
 
 
 def _db() -> Path:
