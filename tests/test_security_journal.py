@@ -174,12 +174,13 @@ def test_error_text_is_scrubbed_before_restate_stores_it(
 ) -> None:
     """Failures bypass the cipher: an input that does not parse must not leave its content behind."""
     email = f"pii-{secrets.token_hex(4)}@example.com"
-    # With an idempotency key (as the pages send one), Restate keeps the failed call's answer.
+    # With an idempotency key (as the pages send one), Restate keeps the failed call's answer. The
+    # refusal names the fields that are wrong, never their values; a field's name is echoed.
     reply = ingress.call(
         "AgentRun",
         run_id,
         "decide",
-        {"token": "v1.k1.AAAAAAAAAA.AAAA", "verdict": email},
+        {"token": "v1.k1.AAAAAAAAAA.AAAA", "verdict": "approve", email: email},
         headers={"idempotency-key": f"scrub-{run_id}"},
     )
     assert reply.status_code == 400

@@ -259,7 +259,7 @@ def _cancelled(request: CancelRequest, slot: int, round_: int, digest: str, now:
         at=now,
         reason=request.reason,
         source="system",
-        asked_by=request.by or "operator",
+        asked_by=request.by,  # named only when the caller says who (the CLI always does)
     )
 
 
