@@ -26,10 +26,10 @@ Restate SDK) load on first use. Everything not listed in `__all__` may change be
 from typing import TYPE_CHECKING, Any
 
 from countersign.exceptions import CountersignError, ServicesError, SettingsError, ToolsError
+from countersign.tools.conditions import Condition
 from countersign.tools.policy import (
     ApproverContext,
     ApproverSource,
-    Condition,
     PlanPolicy,
     PolicyError,
     PolicyVerdict,

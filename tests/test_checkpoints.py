@@ -271,7 +271,8 @@ def test_the_readmes_checks_refuse_a_refund_of_another_order_than_the_one_looked
     lookup, so an earlier lookup of 1042 does not count once another order was looked up."""
     from countersign.contract import ActionRecord, Outcome
     from countersign.tools.checkpoints import results_of
-    from countersign.tools.policy import evaluate, merge
+    from countersign.tools.policy import evaluate
+    from countersign.tools.policy_file import merge
     from handlers.demo.tools import DEMO_TOOLS, IssueRefundArgs
 
     readme = (REPO / "README.md").read_text().split("### Confidence-gated checkpoints", 1)[1]
@@ -303,7 +304,8 @@ def test_the_readmes_checks_refuse_a_refund_of_another_order_than_the_one_looked
 
 
 def test_bad_checkpoint_policies_stop_at_load_with_the_setting_named() -> None:
-    from countersign.tools.policy import PolicyError, ToolPolicy, merge
+    from countersign.tools.policy import PolicyError, ToolPolicy
+    from countersign.tools.policy_file import merge
 
     base = ToolPolicy(gated=False)
     with pytest.raises(PolicyError, match=r"checks.*reads order.*only args and results"):

@@ -16,7 +16,8 @@ from support.processes import StackFactory, wait_until
 from test_operations import cli, refund_task
 
 from countersign.ops.dial import DialRefused, graduate, tighten
-from countersign.tools.policy import evaluate, merge
+from countersign.tools.policy import evaluate
+from countersign.tools.policy_file import merge
 from handlers.demo.tools import DEMO_TOOLS
 
 REFUND = next(t for t in DEMO_TOOLS if t.name == "issue_refund")

@@ -18,9 +18,9 @@ from countersign.tools.policy import (
     PolicyVerdict,
     ToolPolicy,
     evaluate,
-    merge,
     policy_version,
 )
+from countersign.tools.policy_file import merge
 from countersign.web.pages import _MAX_FORM_FIELDS
 
 

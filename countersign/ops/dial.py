@@ -22,7 +22,8 @@ from typing import Any
 
 import tomlkit
 
-from countersign.tools.policy import PolicyError, ToolPolicy, merge, policy_version
+from countersign.tools.policy import PolicyError, ToolPolicy, policy_version
+from countersign.tools.policy_file import merge
 from countersign.tools.registry import Tool
 
 

@@ -15,13 +15,11 @@ order was looked up last, so a check on its amount alone would pass a refund of 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import cel
-
 from countersign.contract import ActionRecord, StopReason
+from countersign.tools.conditions import program
 
 MAX_CHECKS = 20
 MAX_CHECK_LENGTH = 2000
@@ -34,11 +32,11 @@ def check_expression(expression: str) -> None:
     if len(expression) > MAX_CHECK_LENGTH:
         raise ValueError(f"check is longer than {MAX_CHECK_LENGTH} characters")
     try:
-        program = _program(expression)
+        compiled = program(expression)
     except ValueError as exc:
         first = (str(exc).splitlines() or ["syntax error"])[0].rpartition("ERROR: ")[2]
         raise ValueError(f"check {expression!r} is not a valid CEL expression ({first})") from None
-    unknown = sorted(set(program.variables()) - _VARIABLES)
+    unknown = sorted(set(compiled.variables()) - _VARIABLES)
     if unknown:
         raise ValueError(f"check {expression!r} reads {', '.join(unknown)}; a check reads only args and results")
 
@@ -62,7 +60,7 @@ def stops(
     scope = {"args": dict(args), "results": dict(results)}
     for expression in checks:
         try:
-            held = _program(expression).execute(scope)
+            held = program(expression).execute(scope)
         except Exception as exc:  # a missing result or field, no such overload: fail closed
             found.append(StopReason(kind="check", text=f"check `{expression}` could not be evaluated: {_why(exc)}"))
             continue
@@ -93,7 +91,7 @@ def _sides(expression: str, scope: dict[str, Any]) -> str:
     shown = []
     for side in split:
         try:
-            value = _program(side).execute(scope)
+            value = program(side).execute(scope)
         except Exception:
             return ""
         shown.append(f"{side} is {value!r}")
@@ -131,11 +129,6 @@ def _one_comparison(expression: str) -> tuple[str, str] | None:
     at, op = found[0]
     left, right = expression[:at].strip(), expression[at + len(op) :].strip()
     return (left, right) if left and right else None
-
-
-@functools.lru_cache(maxsize=512)
-def _program(expression: str) -> cel.Program:
-    return cel.compile(expression)
 
 
 RAN = frozenset({"autonomous", "approved", "approved_with_edits"})

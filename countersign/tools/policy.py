@@ -4,59 +4,39 @@ Guarantee: a policy is overridable per tool from the TOML file in `APPROVALS_POL
 `evaluate` resolves it into plain data (the condition's answer, a concrete tuple of approvers and a
 text of the rule), so the agent loop journals that answer once, inside the model turn's step, and a
 replay re-uses it: neither a policy-file change nor an approver callable can re-route a replay.
-Conditions fail closed: a missing argument, a type error or an exception in a condition gates the call.
+Conditions fail closed: a missing argument, a type error or an exception in a condition gates the call
+(the condition language: countersign.tools.conditions; the file's overrides: countersign.tools.policy_file).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
-import operator
 import re
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, time
-from decimal import Decimal, InvalidOperation
-from enum import Enum
-from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-import cel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import to_jsonable_python
 
 from countersign.contract import EMAIL_PATTERN, ModelRetiredChoice, StopReason
 from countersign.exceptions import PolicyError as PolicyError
 from countersign.tools import checkpoints
+from countersign.tools.conditions import (
+    Condition,
+    cel_arguments,
+    check_condition,
+    condition_holds,
+    describe_condition,
+    name_of,
+)
 
 log = logging.getLogger(__name__)
 
 MAX_DEADLINE_SECONDS = 7 * 24 * 3600
 ChannelName = Literal["email", "slack"]
 """The channels an approval request can go out through (see countersign.channels)."""
-MAX_CONDITION_LENGTH = 2000
-POLICY_FILE = "APPROVALS_POLICY_FILE"
-# Today's one-comparison form (`amount_usd > 500`): evaluated exactly as it always was, in Decimal
-# arithmetic on the argument's value; every other condition is a CEL expression.
-_CONDITION = re.compile(r"^\s*([a-z_][a-z0-9_]*)\s*(>=|<=|==|!=|>|<)\s*(-?\d+(?:\.\d+)?)\s*$")
-# The standard CEL functions the runtime provides (macros such as `has` and `exists` expand to operators).
-_CEL_FUNCTIONS = frozenset(
-    {"size", "matches", "startsWith", "endsWith", "contains", "int", "uint", "double", "string", "bytes", "dyn"}
-    | {"type", "timestamp", "duration", "getFullYear", "getMonth", "getDate", "getDayOfMonth", "getDayOfWeek"}
-    | {"getDayOfYear", "getHours", "getMinutes", "getSeconds", "getMilliseconds"}
-)
-_CEL_OPERATOR = re.compile(r"^([^A-Za-z0-9]+|@in|@not_strictly_false)$")
-_OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
-    ">": operator.gt,
-    ">=": operator.ge,
-    "<": operator.lt,
-    "<=": operator.le,
-    "==": operator.eq,
-    "!=": operator.ne,
-}
 
 
 @dataclass(frozen=True)
@@ -70,9 +50,6 @@ class ApproverContext:
     tenant: str
 
 
-Condition: TypeAlias = str | Callable[[Any], bool]
-"""A CEL expression over the arguments (`amount_usd > 500 && region in ["eu", "uk"]`), or a callable
-that receives the validated arguments and returns True when the call needs approval."""
 ApproverSource: TypeAlias = Sequence[str] | Callable[[ApproverContext], Sequence[str]]
 """Approvers' emails, or a callable that names them for one call (the requester's manager, on-call)."""
 
@@ -224,7 +201,7 @@ class ToolPolicy(BaseModel):
         if callable(self.when):
             condition += " holds"  # "when a condition in code holds", "when big_refund() holds"
         if self.approvers_from is not None:
-            named = f"the approvers named by {_name_of(self.approvers_from, 'a function in code')}"
+            named = f"the approvers named by {name_of(self.approvers_from, 'a function in code')}"
             who = f", {self.quorum} of {named}" if self.quorum > 1 else f", by {named}"
         else:
             who = f", {self.quorum} of {len(self.approvers)} approvers" if self.quorum > 1 else ""
@@ -314,7 +291,7 @@ def policy_version(tool: str, policy: ToolPolicy) -> str:
             plain.pop(name, None)
     plain["when"] = None if policy.when is None else describe_condition(policy.when)
     plain["high_stakes_when"] = None if policy.high_stakes_when is None else describe_condition(policy.high_stakes_when)
-    plain["approvers_from"] = None if policy.approvers_from is None else _name_of(policy.approvers_from, "code")
+    plain["approvers_from"] = None if policy.approvers_from is None else name_of(policy.approvers_from, "code")
     if plain.get("plan") is None:  # a policy without a plan keeps the version it had before plans existed
         plain.pop("plan", None)
     for name in ("gate_below_confidence", "checks", "on_model_retired"):
@@ -357,141 +334,6 @@ def _named(tool: str, source: Callable[[ApproverContext], Sequence[str]], contex
     return tuple(named)
 
 
-def condition_holds(when: Condition, args: BaseModel | Mapping[str, Any]) -> bool:
-    """Whether the call meets the condition; True (gated) on any doubt."""
-    if callable(when):
-        try:
-            result = when(args)
-        except Exception as exc:
-            log.warning("condition %s raised %r: the call is gated", describe_condition(when), exc)
-            return True
-        return result if isinstance(result, bool) else True
-    legacy = _CONDITION.match(when)
-    if legacy is not None:
-        field, op, threshold = legacy.groups()
-        return _comparison_holds(field, op, threshold, args)
-    try:
-        result = _program(when).execute(cel_arguments(args))
-    except Exception:  # an undefined field, no such overload, a value CEL cannot hold: fail closed
-        return True
-    return result if isinstance(result, bool) else True
-
-
-def _comparison_holds(field: str, op: str, threshold: str, args: BaseModel | Mapping[str, Any]) -> bool:
-    if isinstance(args, BaseModel):
-        if field not in type(args).model_fields:
-            return True
-        value = getattr(args, field)
-    elif field in args:
-        value = args[field]
-    else:
-        return True  # a condition on a missing field cannot clear the gate: fail closed
-    try:
-        number = Decimal(str(value))
-    except InvalidOperation:
-        return True
-    if not number.is_finite():
-        return True
-    return _OPERATORS[op](number, Decimal(threshold))
-
-
-def check_condition(when: str) -> None:
-    """Raise ValueError unless `when` is a condition this module can evaluate."""
-    if len(when) > MAX_CONDITION_LENGTH:
-        raise ValueError(f"condition is longer than {MAX_CONDITION_LENGTH} characters")
-    if _CONDITION.match(when):
-        return
-    try:
-        program = _program(when)
-    except ValueError as exc:
-        first = (str(exc).splitlines() or ["syntax error"])[0]
-        raise ValueError(
-            f"condition {when!r} is not a valid CEL expression ({first.rpartition('ERROR: ')[2]}); "
-            'e.g. \'amount_usd > 500 && region in ["eu", "uk"]\''
-        ) from None
-    unknown = sorted(f for f in program.functions() if f not in _CEL_FUNCTIONS and not _CEL_OPERATOR.match(f))
-    if unknown:
-        # It would fail (closed) on every call: a mistake to report now, not a gate that is always shut.
-        raise ValueError(f"condition {when!r} calls {', '.join(unknown)}, not a CEL function")
-
-
-def condition_variables(when: Condition) -> list[str]:
-    """The names a string condition refers to (including names bound inside macros); [] for a callable."""
-    if callable(when):
-        return []
-    legacy = _CONDITION.match(when)
-    return [legacy.group(1)] if legacy else list(_program(when).variables())
-
-
-@functools.lru_cache(maxsize=512)
-def _program(when: str) -> cel.Program:
-    return cel.compile(when)
-
-
-def cel_arguments(args: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
-    """The arguments as CEL values, each named directly: Decimals become doubles (so `amount_usd > 500`
-    compares numbers), nested models become maps (`address.country == "DE"`), enums their values."""
-    if isinstance(args, BaseModel):
-        return {name: _cel_value(getattr(args, name)) for name in type(args).model_fields}
-    return {str(k): _cel_value(v) for k, v in args.items()}
-
-
-def _cel_value(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float | str | bytes):
-        return value
-    if isinstance(value, Decimal):
-        return float(value)
-    if isinstance(value, Enum):
-        return _cel_value(value.value)
-    if isinstance(value, BaseModel):
-        return {name: _cel_value(getattr(value, name)) for name in type(value).model_fields}
-    if isinstance(value, Mapping):
-        return {str(k): _cel_value(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_cel_value(v) for v in value]
-    if isinstance(value, datetime | date | time):
-        return value.isoformat()
-    return _cel_value(to_jsonable_python(value))
-
-
-def describe_condition(when: Condition) -> str:
-    return when if isinstance(when, str) else _name_of(when, "a condition in code")
-
-
-def _name_of(source: Callable[..., Any], anonymous: str) -> str:
-    name = str(getattr(source, "__qualname__", None) or type(source).__name__)
-    return anonymous if name.endswith("<lambda>") else f"{name}()"
-
-
 def errors_text(exc: ValidationError) -> str:
     """A pydantic error on one line: `field: message; ...`."""
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'policy'}: {e['msg']}" for e in exc.errors())
-
-
-def load_overrides(path: Path | None) -> dict[str, dict[str, Any]]:
-    """Per-tool overrides from the policy file: `[tools.<name>]` tables of ToolPolicy fields
-    (PolicyError naming APPROVALS_POLICY_FILE when it cannot be read or holds anything else)."""
-    if path is None:
-        return {}
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise PolicyError(f"{POLICY_FILE} {path}: {exc}", setting=POLICY_FILE) from exc
-    tools = data.get("tools", {})
-    if not isinstance(tools, dict) or set(data) - {"tools"}:
-        raise PolicyError(f"{POLICY_FILE} {path}: expected only [tools.<name>] tables", setting=POLICY_FILE)
-    return {str(name): dict(table) for name, table in tools.items()}
-
-
-def merge(
-    default: ToolPolicy, override: Mapping[str, Any] | None, *, source: str, setting: str | None = None
-) -> ToolPolicy:
-    """`default` with `override`'s fields; PolicyError (naming `source`, and `setting` when given)
-    when the result is not a valid policy."""
-    if not override:
-        return default
-    try:
-        kept = {} if "approvers" in override else {"approvers_from": default.approvers_from}
-        return ToolPolicy.model_validate({**default.model_dump(), **kept, **override})
-    except ValidationError as exc:
-        raise PolicyError(f"{source}: {errors_text(exc)}", setting=setting) from None

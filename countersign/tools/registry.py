@@ -27,7 +27,9 @@ from pydantic import BaseModel, ValidationError
 
 from countersign.exceptions import PolicyError, ToolsError
 from countersign.settings import parse_tools_spec
-from countersign.tools.policy import POLICY_FILE, ToolPolicy, condition_variables, load_overrides, merge
+from countersign.tools.conditions import condition_variables
+from countersign.tools.policy import ToolPolicy
+from countersign.tools.policy_file import POLICY_FILE, load_overrides, merge
 
 log = logging.getLogger(__name__)
 
