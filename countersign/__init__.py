@@ -15,6 +15,10 @@ and gate a call from any Restate handler (Workflow, Virtual Object, Service):
     plan = await request_plan_approval(ctx, plan={"steps": [...]}, requester=...)       # approve a plan once
     record = await gated_call(ctx, tool="pay_invoice", args=..., requester=..., plan=plan)  # inside it: no new approval
 
+Serve them with the `countersign serve` command (settings from the environment), or build the ASGI
+app in code: `create_app(Settings(...), services=[...], tools=[...])`, or `create_app()` to read and
+check the environment as `serve` does. On AWS Lambda the function is `lambda_handler`.
+
 Library calls never end the process: a problem the caller has to fix is a `CountersignError` (its
 subclasses `SettingsError`, `ToolsError`, `PolicyError`, `ServicesError`), one line naming the setting
 or tool; only the console commands turn it into an exit status.
