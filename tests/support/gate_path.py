@@ -1,0 +1,106 @@
+"""A user's own code for tests/test_gate_path.py, served beside Countersign with
+COUNTERSIGN_SERVICES=tests.support.gate_path:served and COUNTERSIGN_TOOLS=tests.support.gate_path:TOOLS.
+
+Three ways a user reaches the gate: `GatePath.call` calls `gated_call` (after `request_plan_approval`
+when the case has a plan); `PydanticGatePath.run` runs a Pydantic AI agent (RestateAgent, with
+`CountersignToolset` and the `Countersign` capability); `OpenAIGatePath.run` runs an OpenAI Agents SDK
+agent (`countersign_tool`, `run_gated`). Both agents' models are the frameworks' own OpenAI clients,
+named after the run (OPENAI_BASE_URL points them at the test's fake server, which scripts each run).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import restate
+from agents import Agent as SdkAgent
+from agents import RunConfig
+from agents.models.multi_provider import MultiProvider
+from pydantic import BaseModel
+from pydantic_ai import Agent
+from pydantic_ai.models import infer_model
+from restate.ext.pydantic import RestateAgent
+
+from countersign import Tool, ToolPolicy, gated_call, request_plan_approval
+from countersign.integrations.openai_agents import countersign_tool, run_gated
+from countersign.integrations.pydantic_ai import Countersign, CountersignToolset
+from handlers.demo.tools import DEMO_TOOLS, IssueRefundArgs, issue_refund
+
+REQUESTER = "alice@example.com"
+WHY = "the parcel arrived broken"
+GOAL = "Refund the damaged order"
+OFFERED = ["issue_refund", "refund_unowned"]
+"""The tools the agents offer their models."""
+
+
+class Case(BaseModel):
+    run_id: str
+    tool: str
+    args: dict[str, Any]
+    plan: dict[str, Any] | None = None
+    on_deviation: str | None = None
+
+
+path = restate.Service("GatePath")
+
+
+@path.handler()
+async def call(ctx: restate.Context, case: Case) -> dict[str, Any]:
+    plan, index = None, 0
+    if case.plan is not None:
+        plan = await request_plan_approval(
+            ctx,
+            plan=case.plan,
+            requester=REQUESTER,
+            run_id=case.run_id,
+            index=0,
+            why="the damaged orders",
+            on_deviation=case.on_deviation,
+        )
+        index = 1
+    record = await gated_call(
+        ctx, tool=case.tool, args=case.args, requester=REQUESTER, run_id=case.run_id, index=index, plan=plan, why=WHY
+    )
+    return record.model_dump(mode="json")
+
+
+class AgentTask(BaseModel):
+    run_id: str
+    """Places the approvals and effects, and names the model (the fake server's script for the run)."""
+
+
+pydantic_path = restate.Service("PydanticGatePath")
+
+
+@pydantic_path.handler(name="run")
+async def pydantic_run(ctx: restate.Context, task: AgentTask) -> dict[str, Any]:
+    inner = Agent(infer_model(f"openai-chat:{task.run_id}"), toolsets=[CountersignToolset(OFFERED)])
+    gate = Countersign(requester=REQUESTER, run_id=task.run_id)
+    result = await RestateAgent(inner).run(GOAL, capabilities=[gate])
+    return {"outcomes": [o.model_dump(mode="json") for o in gate.outcomes], "answer": str(result.output)}
+
+
+openai_path = restate.Service("OpenAIGatePath")
+
+
+@openai_path.handler(name="run")
+async def openai_run(ctx: restate.Context, task: AgentTask) -> dict[str, Any]:
+    agent = SdkAgent(name="gate path", model=task.run_id, tools=[countersign_tool(name) for name in OFFERED])
+    config = RunConfig(model_provider=MultiProvider(openai_use_responses=False))
+    result = await run_gated(ctx, agent, GOAL, requester=REQUESTER, run_id=task.run_id, why=WHY, run_config=config)
+    return {"answer": str(result.final_output)}
+
+
+served = [path, pydantic_path, openai_path]
+
+# A refund whose approvers come from a callable that names nobody: its policy cannot be resolved.
+TOOLS = [
+    *DEMO_TOOLS,
+    Tool(
+        name="refund_unowned",
+        description="A refund nobody may approve.",
+        args_model=IssueRefundArgs,
+        effect=issue_refund,
+        policy=ToolPolicy(gated=True, approvers_from=lambda context: []),
+    ),
+]
