@@ -10,7 +10,7 @@ named after the run (OPENAI_BASE_URL points them at the test's fake server, whic
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import restate
 from agents import Agent as SdkAgent
@@ -38,7 +38,7 @@ class Case(BaseModel):
     tool: str
     args: dict[str, Any]
     plan: dict[str, Any] | None = None
-    on_deviation: str | None = None
+    on_deviation: Literal["ask", "refuse"] | None = None
 
 
 path = restate.Service("GatePath")
