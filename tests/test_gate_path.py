@@ -33,14 +33,6 @@ PYDANTIC_AI_CHECKS_FIRST = (
     "Pydantic AI answers it before the gate: a tool the agent lacks, or arguments its schema refuses, "
     "go back to the model as a retry prompt"
 )
-PYDANTIC_AI_NO_EXECUTED = (
-    "Pydantic AI's adapter runs an approved effect itself (request_approval, then run_tool): "
-    "no 'executed' audit entry, which the Approval workflow writes for gated_call and AgentRun"
-)
-PYDANTIC_AI_NO_AUTONOMOUS = (
-    "Pydantic AI's adapter runs an autonomous call through request_approval and run_tool: "
-    "no 'autonomous' audit entry, which gated_call's run_alone writes"
-)
 SDK_FAILS_THE_RUN = "the Agents SDK fails the run on a tool the agent lacks (ModelBehaviorError) before the gate"
 
 
@@ -63,8 +55,6 @@ class Case:
     """(index, kind): an audit entry that ends the case's trails (waited for before they are compared)."""
     pydantic_ai: str | None = None
     openai_agents: str | None = None
-    gap: str | None = None
-    """A known difference of one path's audit trail: the case is a strict xfail until it is closed."""
 
     def paths(self) -> list[Path_]:
         adapters: list[Path_] = [p for p in ("pydantic_ai", "openai_agents") if getattr(self, p) is None]
@@ -102,7 +92,6 @@ CASES = [
         "autonomous",
         1,
         settles=((0, "autonomous"),),
-        gap=PYDANTIC_AI_NO_AUTONOMOUS,
     ),
     Case(
         "gated, approved",
@@ -112,7 +101,6 @@ CASES = [
         1,
         decide=("approve",),
         settles=((0, "outcome"),),
-        gap=PYDANTIC_AI_NO_EXECUTED,
     ),
     Case(
         "gated, rejected",
@@ -280,12 +268,12 @@ def heard(text: str, denials: dict[str, str]) -> tuple[str | None, str]:
 
 def through_pydantic_ai(stack: Stack, run_id: str, case: Case, args: dict[str, Any], planned: int) -> dict[str, Any]:
     text, output = through_an_adapter("PydanticGatePath", stack, run_id, case, args)
-    [reported] = output["outcomes"]  # the Countersign capability's answer, as the handler reads it
+    [reported] = output["actions"]  # the Countersign capability's answer, as the handler reads it
     outcome, rest = heard(text, PYDANTIC_AI_DENIALS)
     if outcome is None:  # it ran: the model holds the tool's result (ToolApproved, whoever approved)
         assert json.loads(text)["order_id"] == args["order_id"], text
-        outcome = reported["verdict"]
-    assert reported["verdict"] == outcome, (reported, text)
+        outcome = reported["outcome"]
+    assert reported["outcome"] == outcome, (reported, text)
     return {"outcome": outcome, "result": {"error": rest}}
 
 
@@ -311,12 +299,7 @@ def audit_kinds(stack: Stack, run_id: str, index: int) -> list[str]:
     return sorted(entry["kind"] for entry in entries)
 
 
-def row(case: Case) -> Any:
-    known = [pytest.mark.xfail(strict=True, raises=(AssertionError, TimeoutError), reason=case.gap)] if case.gap else []
-    return pytest.param(case, id=case.name, marks=known)
-
-
-@pytest.mark.parametrize("case", [row(c) for c in CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in CASES])
 def test_a_call_ends_the_same_on_every_path_to_the_gate(stack: Stack, case: Case) -> None:
     ends = {}
     for way in case.paths():

@@ -76,7 +76,7 @@ support = restate.Workflow("PydanticSupport")
 async def run(ctx: restate.WorkflowContext, task: Task) -> dict[str, Any]:
     gate = Countersign(requester="alice@example.com", run_id=ctx.key())
     result = await agent.run(task.model_dump_json(), capabilities=[gate])
-    return {"seen": json.loads(result.output), "outcomes": [o.model_dump(mode="json") for o in gate.outcomes]}
+    return {"seen": json.loads(result.output), "actions": [o.model_dump(mode="json") for o in gate.actions]}
 
 
 by_hand = restate.Service("PydanticByHand")
@@ -146,7 +146,7 @@ def test_an_approved_refund_runs_once_with_the_approved_arguments(stack: Isolate
 
     output = finish(stack, "pyd-approve")
     # The lookup's policy does not gate it: it ran without an email, in the caller's journal (index 0).
-    assert [(o["verdict"], o["index"]) for o in output["outcomes"]] == [("autonomous", 0), ("approved", 1)]
+    assert [(o["outcome"], o["index"]) for o in output["actions"]] == [("autonomous", 0), ("approved", 1)]
     assert refunds_for(stack.db_path, "pyd-approve") == [("pyd-approve/1", order, 80000)]
     by_tool = {seen["tool"]: seen["content"] for seen in output["seen"]}
     assert by_tool["lookup_order"]["order_id"] == order
@@ -162,8 +162,8 @@ def test_an_edited_amount_is_what_runs_and_what_the_model_sees(stack: IsolatedSt
     assert submit(mail.link, "approve", edits={"amount_usd": "650.00"}).status_code == 200
 
     output = finish(stack, "pyd-edit")
-    [outcome] = output["outcomes"]
-    assert outcome["verdict"] == "approved_with_edits" and outcome["args"]["amount_usd"] == "650.00"
+    [outcome] = output["actions"]
+    assert outcome["outcome"] == "approved_with_edits" and outcome["args"]["amount_usd"] == "650.00"
     assert refunds_for(stack.db_path, "pyd-edit") == [("pyd-edit/0", order, 65000)]
     [seen] = output["seen"]
     assert seen["content"]["amount_usd"] == "650.00"
@@ -195,7 +195,7 @@ def test_a_passed_deadline_is_a_denial_that_says_so(stack: IsolatedStack) -> Non
     [seen] = output["seen"]
     assert seen["content"].startswith("Not run: the approval expired before anyone decided (")
     assert "deadline passed" in seen["content"]
-    assert output["outcomes"][0]["decision_source"] == "deadline_default"
+    assert output["actions"][0]["decision_source"] == "deadline_default"
     late = submit(mail.link, "approve", csrf=csrf)
     assert late.status_code == 409 and "expired" in late.text
 
@@ -241,7 +241,7 @@ def test_kill9_of_the_handler_while_pending_then_approve_runs_the_effect_once(st
     assert submit(mail.link, "approve", csrf=csrf).status_code == 200
 
     output = finish(stack, "pyd-kill")
-    assert output["outcomes"][0]["verdict"] == "approved"
+    assert output["actions"][0]["outcome"] == "approved"
     assert output["seen"][0]["content"]["amount_usd"] == "800.00"
     assert refunds_for(stack.db_path, "pyd-kill") == [("pyd-kill/0", order, 80000)]
     assert len(list(stack.outbox_dir.glob("approval-request_*.eml"))) == 1, "asked once, across the crash"
@@ -262,7 +262,7 @@ def test_parallel_gated_calls_are_asked_one_after_the_other_each_with_its_own_an
     assert submit(later.link, "reject", reason="one refund is enough").status_code == 200
 
     output = finish(stack, "pyd-two")
-    assert [(o["verdict"], o["index"]) for o in output["outcomes"]] == [("approved", 0), ("rejected", 1)]
+    assert [(o["outcome"], o["index"]) for o in output["actions"]] == [("approved", 0), ("rejected", 1)]
     assert refunds_for(stack.db_path, "pyd-two") == [("pyd-two/0", first, 80000)]
     assert [s["content"] if isinstance(s["content"], str) else "ran" for s in output["seen"]] == [
         "ran",
@@ -320,7 +320,7 @@ def test_the_example_agent_collects_an_invoice_after_the_account_manager_lowers_
     assert submit(mail.link, "approve", edits={"amount_usd": "400.00"}).status_code == 200
 
     output = billing.ingress.wait_output_of("AgentCollection", "inv_1001", timeout=60).json()
-    assert [o["verdict"] for o in output["outcomes"]] == ["autonomous", "approved_with_edits"]
+    assert [o["outcome"] for o in output["actions"]] == ["autonomous", "approved_with_edits"]
     assert [(r[1], r[2]) for r in payments.requests if r[0] == "POST"] == [("/charges", "agent-inv_1001/1")]
     assert payments.charges["agent-inv_1001/1"]["amount_usd"] == "400.00"
     assert output["summary"].startswith("charge_card: ") and '"approved_by": ["ops@acme.example"]' in output["summary"]
@@ -355,7 +355,7 @@ def test_the_example_agent_on_a_local_openai_compatible_server_is_asked_once_per
         assert submit(mail.link, "reject", reason="never charge a test card").status_code == 200
 
         output = billing.ingress.wait_output_of("AgentCollection", "inv_1003", timeout=60).json()
-        assert [o["verdict"] for o in output["outcomes"]] == ["autonomous", "rejected"]
+        assert [o["outcome"] for o in output["actions"]] == ["autonomous", "rejected"]
         assert output["summary"] == (
             "Reported: Rejected by the approver: never charge a test card. Do not propose this exact call again."
         )

@@ -14,24 +14,24 @@
 `CountersignToolset` offers Countersign tools (by name, from the tools COUNTERSIGN_TOOLS loads) to the
 model as Pydantic AI tools of the same name, description and argument schema. Every call of one is
 deferred for approval (`ApprovalRequired`); the `Countersign` capability answers the turn's deferred
-calls inline (`handle_deferred_tool_calls`), one `request_approval` each, in the order the model made
-them, so the tool's Countersign policy decides (whom, when, deadline, quorum, edits) and a call it
-does not gate runs without asking. The framework then hears the answer in its own terms:
-`ToolApproved(override_args=<the approved, possibly edited, arguments>)`, or `ToolDenied(<why>)` with
-the approver's reason, or saying that the approval expired, was cancelled or could not be delivered.
+calls inline (`handle_deferred_tool_calls`), one `gated_call` each, in the order the model made them:
+the gate path every caller takes, so the tool's Countersign policy decides (whom, when, deadline,
+quorum, edits), a call it does not gate runs without asking, and an approved call runs there, after
+the tool's precondition re-check. The framework then hears the answer in its own terms:
+`ToolApproved(override_args=<the arguments run>)`, whose tool call hands the model the effect's
+result, or `ToolDenied(<why>)` with the approver's reason, or saying that the approval expired, was
+cancelled or could not be delivered, or that the call failed.
 
 Guarantee: the whole loop runs inside the one durable handler that calls `agent.run`. `RestateAgent`
-journals each model reply; the gate journals its policy step and waits on the `Approval` workflow
-(the handler suspends; a crash or a replay asks nobody twice); an approved call runs the tool's
-effect as the journaled step `tool <name> #<index>` under the idempotency key `<run_id>/<index>` of
-its approval, after the tool's precondition re-check, so it runs at most once per approval.
-Everything the adapter decides comes from journaled values (the model's replies, the gate's
-answers), so a replay takes the same path.
+journals each model reply; `gated_call` journals its policy step and the effect, which runs under the
+idempotency key `<run_id>/<index>` (in the `Approval` workflow when a person approved it, so a crash or
+a replay asks nobody twice and runs nothing twice). The tool call Pydantic AI makes afterwards only
+reports the journaled result. Everything the adapter decides comes from journaled values (the model's
+replies, the gate's records), so a replay takes the same path.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -54,10 +54,9 @@ from pydantic import BaseModel
 from restate import TerminalError
 from restate.extensions import current_context
 
-from countersign.approval.calls import ApprovalOutcome, request_approval
-from countersign.contract import Outcome, TrailStep
+from countersign.approval.calls import gated_call
+from countersign.contract import ActionRecord, Outcome
 from countersign.tools import default_registry
-from countersign.tools.execute import recheck, run_tool
 from countersign.tools.registry import Tool
 
 __all__ = ["Countersign", "CountersignToolset", "denial_message"]
@@ -150,16 +149,18 @@ class CountersignToolset(AbstractToolset[Any]):
         if not ctx.tool_call_approved:
             await _take_turn(ctx)
             raise ApprovalRequired()
-        approved = (ctx.tool_call_metadata or {}).get(_META) if isinstance(ctx.tool_call_metadata, dict) else None
-        if not isinstance(approved, dict):
+        ran = (ctx.tool_call_metadata or {}).get(_META) if isinstance(ctx.tool_call_metadata, dict) else None
+        if not isinstance(ran, dict):
             # Approved by something other than the Countersign capability (e.g. DeferredToolResults
             # passed in by hand): nothing of Countersign's vouches for it, so it does not run.
             raise TerminalError(
                 f"{name} was approved outside Countersign; not run (give the run a Countersign capability)", 400
             )
-        if tool_args != approved["args"]:
+        record = ActionRecord.model_validate(ran)
+        if tool_args != record.args:
             raise TerminalError(f"{name} was to run with arguments other than the approved ones; not run", 400)
-        return await _execute(name, tool_args, approved)
+        # The effect ran in the gate (see the module's guarantee): the model hears its result.
+        return record.result or {}
 
 
 async def _take_turn(ctx: RunContext[Any]) -> None:
@@ -174,34 +175,10 @@ async def _take_turn(ctx: RunContext[Any]) -> None:
     turnstile.allow_next_after(ctx.tool_call_id)
 
 
-async def _execute(name: str, args: dict[str, Any], approved: dict[str, Any]) -> dict[str, Any]:
-    ctx = _restate_context()
-    run_id: str = approved["run_id"]
-    index: int = approved["index"]
-    where = {"run_id": run_id, "tenant": approved["tenant"], "requester": approved["requester"]}
-    if approved["approval_id"] is not None:  # a person approved it: has the world moved since?
-        change = await recheck(
-            ctx, name, args, index, approval_id=approved["approval_id"], edits=approved["edits"], **where
-        )
-        if change is not None:
-            return {"error": f"not run: {change} (changed since the approval)"}
-    run = await run_tool(
-        ctx,
-        name,
-        args,
-        index,
-        approval_id=approved["approval_id"],
-        approved_by=approved["approved_by"],
-        edits=approved["edits"],
-        **where,
-    )
-    return (run.result or {}) if run.ok else {"error": run.error or "failed"}
-
-
-def denial_message(outcome: ApprovalOutcome) -> str:
-    """What the model reads when the gate did not approve a call."""
-    reason = outcome.reason or "no reason given"
-    match outcome.verdict:
+def denial_message(record: ActionRecord) -> str:
+    """What the model reads when a call did not run, or ran and failed (the gate's record of it)."""
+    reason = record.reason or (record.result or {}).get("error") or "no reason given"
+    match record.outcome:
         case Outcome.REJECTED:
             return f"Rejected by the approver: {reason}. Do not propose this exact call again."
         case Outcome.EXPIRED:
@@ -211,7 +188,7 @@ def denial_message(outcome: ApprovalOutcome) -> str:
         case Outcome.UNDELIVERABLE:
             return f"Not run: the approval request could not be delivered to the approvers ({reason})."
         case _:
-            return f"Not run ({outcome.verdict.value}): {reason}"
+            return f"Not run ({record.outcome.value}): {reason}"
 
 
 def _why(ctx: RunContext[Any]) -> str:
@@ -230,19 +207,17 @@ class Countersign(AbstractCapability[Any]):
     Create one per run (inside the handler): `requester` (an email: told of outcomes), `tenant`,
     `run_id` (default: the invocation id; give a stable one, e.g. the workflow key, so one action maps
     to one approval across invocations) and `goal` (default: the run's prompt) reach the gate as they
-    do from `request_approval`. `outcomes` lists the gate's answers, in order, for the handler to
-    return or record; each approver also sees them, as the run's earlier calls. Deferred calls of
-    tools that are not Countersign's are left alone (a later capability may answer them, or the run
-    ends with `DeferredToolRequests` as usual)."""
+    do from `gated_call`. `actions` lists the gate's records of the calls (outcome, arguments run,
+    result), in order, for the handler to return or record, as an `AgentRun`'s result lists its own;
+    each approver also sees them, as the run's earlier calls. Deferred calls of tools that are not
+    Countersign's are left alone (a later capability may answer them, or the run ends with
+    `DeferredToolRequests` as usual)."""
 
     requester: str
     tenant: str = "default"
     run_id: str | None = None
     goal: str = ""
-    outcomes: list[ApprovalOutcome] = field(default_factory=list, init=False)
-    # The approver's "what this run did before asking": the gate's earlier answers in this run. Built
-    # from journaled outcomes only, so a replay freezes the same trail.
-    _trail: list[TrailStep] = field(default_factory=list, init=False)
+    actions: list[ActionRecord] = field(default_factory=list, init=False)
 
     @classmethod
     def get_serialization_name(cls) -> str | None:
@@ -256,11 +231,11 @@ class Countersign(AbstractCapability[Any]):
         prompt = ctx.prompt if isinstance(ctx.prompt, str) else ""
         why = _why(ctx)
         results = DeferredToolResults()
-        # One approval after another, in the model's order: the next is asked once this one is decided.
+        # One call after another, in the model's order: the next is asked once this one has ended.
         for call in requests.approvals:
             if registry.get(call.tool_name) is None:
                 continue
-            outcome = await request_approval(
+            record = await gated_call(
                 rctx,
                 tool=call.tool_name,
                 args=call.args_as_dict(),
@@ -269,50 +244,25 @@ class Countersign(AbstractCapability[Any]):
                 why=why,
                 goal=self.goal or prompt,
                 run_id=self.run_id,
-                trail=self._trail,
+                trail=self.actions,
             )
-            self.outcomes.append(outcome)
-            shown = outcome.args if outcome.args is not None else outcome.proposed_args
-            self._trail.append(
-                TrailStep(
-                    index=outcome.index,
-                    tool=call.tool_name,
-                    outcome=str(outcome.verdict),
-                    args=json.dumps(shown, sort_keys=True, ensure_ascii=False, default=str),
-                    result=outcome.reason or "",
-                )
-            )
-            results.approvals[call.tool_call_id] = _answer(outcome)
-            results.answered_by[call.tool_call_id] = ", ".join(outcome.approved_by) or _answerer(outcome)
-            if outcome.approved:
-                results.metadata[call.tool_call_id] = {_META: _approved(outcome, self.requester, self.tenant)}
+            self.actions.append(record)
+            results.answered_by[call.tool_call_id] = ", ".join(record.approved_by) or _answerer(record)
+            if record.args is None:  # not run
+                results.approvals[call.tool_call_id] = ToolDenied(denial_message(record))
+                continue
+            # It ran (a failed effect too: the model hears its error as the tool's result).
+            results.approvals[call.tool_call_id] = ToolApproved(override_args=record.args)
+            results.metadata[call.tool_call_id] = {_META: record.model_dump(mode="json")}
         return results if results.approvals else None
 
 
-def _answer(outcome: ApprovalOutcome) -> ToolApproved | ToolDenied:
-    if outcome.approved and outcome.args is not None:
-        return ToolApproved(override_args=outcome.args)
-    return ToolDenied(denial_message(outcome))
-
-
-def _answerer(outcome: ApprovalOutcome) -> str:
+def _answerer(record: ActionRecord) -> str:
+    """Who answered a call nobody approved by name: the policy (nobody was asked), the deadline, or
+    Countersign (e.g. a rejection, a cancel)."""
     source: Literal["policy", "deadline", "countersign"] = "countersign"
-    if outcome.verdict == Outcome.AUTONOMOUS:
+    if record.approval_id is None:
         source = "policy"
-    elif outcome.decision_source == "deadline_default":
+    elif record.decision_source == "deadline_default":
         source = "deadline"
     return f"countersign:{source}"
-
-
-def _approved(outcome: ApprovalOutcome, requester: str, tenant: str) -> dict[str, Any]:
-    """What the approved call's execution needs: where its effect runs and who approved it."""
-    return {
-        "args": outcome.args,
-        "run_id": outcome.run_id,
-        "index": outcome.index,
-        "tenant": tenant,
-        "requester": requester,
-        "approval_id": outcome.approval_id,
-        "approved_by": list(outcome.approved_by),
-        "edits": outcome.edits,
-    }

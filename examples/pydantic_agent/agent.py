@@ -93,7 +93,8 @@ class Collect(BaseModel):
 class Collected(BaseModel):
     invoice_id: str
     summary: str
-    outcomes: list[dict[str, Any]] = Field(default_factory=list)
+    actions: list[dict[str, Any]] = Field(default_factory=list)
+    """The gate's record of each call: outcome, arguments run, who approved, why."""
 
 
 collection = restate.Workflow("AgentCollection")
@@ -104,8 +105,8 @@ async def run(ctx: restate.WorkflowContext, collect: Collect) -> Collected:
     invoice_id = ctx.key()
     gate = Countersign(requester=collect.requester, tenant=collect.tenant, run_id=f"agent-{invoice_id}")
     result = await agent.run(f"Collect invoice {invoice_id}.", capabilities=[gate])
-    outcomes = [o.model_dump(mode="json", include={"verdict", "args", "approved_by", "reason"}) for o in gate.outcomes]
-    return Collected(invoice_id=invoice_id, summary=str(result.output), outcomes=outcomes)
+    actions = [a.model_dump(mode="json", include={"outcome", "args", "approved_by", "reason"}) for a in gate.actions]
+    return Collected(invoice_id=invoice_id, summary=str(result.output), actions=actions)
 
 
 services = [collection]

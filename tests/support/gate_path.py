@@ -77,7 +77,7 @@ async def pydantic_run(ctx: restate.Context, task: AgentTask) -> dict[str, Any]:
     inner = Agent(infer_model(f"openai-chat:{task.run_id}"), toolsets=[CountersignToolset(OFFERED)])
     gate = Countersign(requester=REQUESTER, run_id=task.run_id)
     result = await RestateAgent(inner).run(GOAL, capabilities=[gate])
-    return {"outcomes": [o.model_dump(mode="json") for o in gate.outcomes], "answer": str(result.output)}
+    return {"actions": [o.model_dump(mode="json") for o in gate.actions], "answer": str(result.output)}
 
 
 openai_path = restate.Service("OpenAIGatePath")
