@@ -24,10 +24,10 @@ from countersign.contract import EMAIL_PATTERN, NAME_PATTERN
 from countersign.exceptions import SettingsError
 
 SigningKeys = Annotated[dict[str, bytes], NoDecode]
-_DOMAIN = re.compile(r"^@[a-z0-9-]{1,63}(\.[a-z0-9-]{1,63})*\.[a-z]{2,24}$")
-_TOOLS_SPEC = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
-_IDENTITY_KEY = re.compile(r"^publickeyv1_[1-9A-HJ-NP-Za-km-z]{32,64}$")
-_SERVICE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+_DOMAIN = re.compile(r"^@[a-z0-9-]{1,63}(\.[a-z0-9-]{1,63})*\.[a-z]{2,24}\Z")
+_TOOLS_SPEC = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*\Z")
+_IDENTITY_KEY = re.compile(r"^publickeyv1_[1-9A-HJ-NP-Za-km-z]{32,64}\Z")
+_SERVICE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*\Z")
 WebhookEventType = Literal["approval.requested", "approval.decided", "action.executed", "run.finished"]
 WEBHOOK_EVENT_TYPES: tuple[WebhookEventType, ...] = (
     "approval.requested",
@@ -97,7 +97,7 @@ def parse_webhooks(raw: object) -> dict[str, tuple[WebhookEndpoint, ...]]:
         raise ValueError("must map tenant names to lists of endpoints")
     endpoints: dict[str, tuple[WebhookEndpoint, ...]] = {}
     for tenant, items in data.items():
-        if tenant != ALL_TENANTS and not re.match(NAME_PATTERN, str(tenant)):
+        if tenant != ALL_TENANTS and not re.fullmatch(NAME_PATTERN, str(tenant)):
             raise ValueError(f"{str(tenant)[:60]!r} is not a tenant name (or * for every tenant)")
         if not isinstance(items, list | tuple) or not items:
             raise ValueError(f"tenant {tenant!r}: give a non-empty list of endpoints")
@@ -252,7 +252,7 @@ class Settings(BaseSettings):
         items = [str(k) for k in raw] if isinstance(raw, list) else str(raw or "").split(",")
         allowed = [item.strip().lower() for item in items if item.strip()]
         for item in allowed:
-            if not (re.match(EMAIL_PATTERN, item) or _DOMAIN.match(item)):
+            if not (re.fullmatch(EMAIL_PATTERN, item) or _DOMAIN.match(item)):
                 raise ValueError(f"{item[:60]!r} is neither an email address nor an @domain (e.g. @example.com)")
         return allowed
 

@@ -28,8 +28,9 @@ from support.records import approval_record
 from countersign.approval import confirm
 from countersign.contract import EMAIL_PATTERN, AgentTask, ApprovalRecord, ReassignRequest
 from countersign.exceptions import SettingsError
+from countersign.llm import ModelUnavailable, parse_model_id
 from countersign.runtime import startup
-from countersign.security import identity
+from countersign.security import identity, links
 from countersign.security.codec import (
     COMPRESS_FROM,
     ENVELOPE,
@@ -557,3 +558,15 @@ def test_the_demo_policies_approvers_stay_valid() -> None:
     for tool in default_registry():
         for approver in (*tool.policy.approvers, *tool.policy.escalate_to):
             assert re.fullmatch(EMAIL_PATTERN, approver), (tool.name, approver)
+
+
+@pytest.mark.parametrize("run_id", ["run-1\n", "run-1\n\n", "run-1\r"], ids=repr)
+def test_a_run_id_with_a_trailing_line_break_places_no_approval(run_id: str) -> None:
+    """Python's `$` also matches before a final newline: the run id check anchors at the very end,
+    so every caller that places an approval (the gate's calls, an agent run) refuses such an id."""
+    assert links.placement_problem(run_id.rstrip(), 0) is None
+    assert links.placement_problem(run_id, 0) == (
+        f"run_id {run_id!r} must be 1-{links.MAX_RUN_ID} characters of A-Z a-z 0-9 . _ : -, the first a letter or digit"
+    )
+    with pytest.raises(ModelUnavailable):
+        parse_model_id(f"openai:gpt-4.1{run_id.removeprefix('run-1')}")

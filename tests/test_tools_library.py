@@ -85,6 +85,9 @@ def test_five_fields_define_a_tool_with_sensible_defaults() -> None:
         Tool(name="pay", description="d", args_model=PayArgs, effect=effect, policy=ToolPolicy(), confirm_field="nope")
     with pytest.raises(ValueError, match="tool 'bad name'"):
         Tool(name="bad name", description="d", args_model=PayArgs, effect=effect, policy=ToolPolicy())
+    # Python's `$` also matches before a final newline: the name check anchors at the very end.
+    with pytest.raises(ValueError, match="name must be"):
+        Tool(name="pay\n", description="d", args_model=PayArgs, effect=effect, policy=ToolPolicy())
 
 
 @pytest.mark.parametrize("args", [{"amount_usd": "500.01"}, {"amount_usd": 501}])

@@ -19,7 +19,7 @@ from countersign.llm.scripted import ScriptedModel
 from countersign.settings import get_settings
 
 KNOWN = "scripted, openai:<model> (any OpenAI-compatible endpoint) or anthropic:<model>"
-_MODEL_ID = re.compile(r"^(openai|anthropic):([A-Za-z0-9][A-Za-z0-9._:/@+-]{0,99})$")
+_MODEL_ID = re.compile(r"^(openai|anthropic):([A-Za-z0-9][A-Za-z0-9._:/@+-]{0,99})\Z")
 _SDK = {"openai": "openai", "anthropic": "anthropic"}
 
 

@@ -41,7 +41,7 @@ _MAX_TOKEN = 400
 _KID = re.compile(r"^[A-Za-z0-9]{1,16}$")
 _B64 = re.compile(r"^[A-Za-z0-9_-]+$")
 MAX_RUN_ID = 128
-RUN_ID = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._:-]{{0,{MAX_RUN_ID - 1}}}$")
+RUN_ID = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._:-]{{0,{MAX_RUN_ID - 1}}}\Z")
 _DIGITS = 12
 """The most digits of a number a link carries (index, slot, round, expiry)."""
 MAX_INDEX = 10**_DIGITS - 1

@@ -33,7 +33,7 @@ from countersign.tools.policy_file import POLICY_FILE, load_overrides, merge
 
 log = logging.getLogger(__name__)
 
-TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}\Z")
 """What every model provider accepts as a function name."""
 SUMMARY_LIMIT = 200
 SETTING = "COUNTERSIGN_TOOLS"

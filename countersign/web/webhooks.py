@@ -61,7 +61,7 @@ class ResendWebhooks:
         if body is None:
             return _answer(413, error=f"the body is larger than {MAX_BODY} bytes")
         svix = {name: request.headers.get(f"svix-{name}", "") for name in ("id", "timestamp", "signature")}
-        if not all(svix.values()) or not SVIX_ID.match(svix["id"]):
+        if not all(svix.values()) or not SVIX_ID.fullmatch(svix["id"]):
             return _answer(400, error="svix-id, svix-timestamp and svix-signature headers are required")
         try:
             payload = body.decode("utf-8")
