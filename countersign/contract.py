@@ -26,6 +26,12 @@ MAX_GOAL = 4000
 """The longest `goal` of a run, in characters."""
 
 
+def clipped(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, the cut marked with "…": how a `why` or `goal` longer than its
+    bound is kept (it tells the approver about a call, and is never what is approved)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def args_size(args: dict[str, Any]) -> int:
     return len(json.dumps(args, ensure_ascii=False, separators=(",", ":")).encode())
 

@@ -46,6 +46,7 @@ from countersign.contract import (
     Outcome,
     Plan,
     TrailStep,
+    clipped,
 )
 from countersign.security import links
 from countersign.tools import default_registry
@@ -163,8 +164,7 @@ def _described(why: object, goal: object) -> tuple[str, str]:
     for name, text, limit in (("why", why, MAX_WHY), ("goal", goal, MAX_GOAL)):
         if text is not None and not isinstance(text, str):
             raise TerminalError(f"{name} must be text, not {type(text).__name__}", 400)
-        text = text or ""
-        described.append(text if len(text) <= limit else text[: limit - 1] + "…")
+        described.append(clipped(text or "", limit))
     return described[0], described[1]
 
 

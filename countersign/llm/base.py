@@ -11,7 +11,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from countersign.contract import MAX_TOOL_ARGS_BYTES, args_size
+from countersign.contract import MAX_TOOL_ARGS_BYTES, MAX_WHY, args_size, clipped
 
 MAX_TURN_BYTES = 1024 * 1024
 """The most one journaled model turn may weigh: far above what MODEL_MAX_TOKENS lets a provider say,
@@ -102,18 +102,19 @@ class ModelRetired(ProviderRefused):
 
 
 def bounded(turn: AssistantTurn) -> AssistantTurn:
-    """The turn as the run may journal it: a call with oversized arguments keeps only a `problem` the
-    model is told about; a reply still over MAX_TURN_BYTES is refused as final."""
+    """The turn as the run may journal it: each call's `why` cut to MAX_WHY (as a library caller's is);
+    a call with oversized arguments keeps only a `problem` the model is told about; a reply still over
+    MAX_TURN_BYTES is refused as final."""
     calls = [
         ToolCall(
             id=call.id,
             name=call.name,
-            why=call.why,
+            why=clipped(call.why, MAX_WHY),
             confidence=call.confidence,
             problem=f"the arguments are {size} bytes of JSON; at most {MAX_TOOL_ARGS_BYTES} are accepted",
         )
         if (size := args_size(call.args)) > MAX_TOOL_ARGS_BYTES
-        else call
+        else call.model_copy(update={"why": clipped(call.why, MAX_WHY)})
         for call in turn.tool_calls
     ]
     turn = turn.model_copy(update={"tool_calls": calls})

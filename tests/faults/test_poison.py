@@ -16,9 +16,9 @@ from fakes import openai_server as oai
 from fakes.fixtures import TEST_MODEL_SETTINGS, model_stack, running
 from support.approver import form_csrf, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import AppServer, Ingress, IsolatedStack, RestateServer
+from support.processes import AppServer, Ingress, IsolatedStack, RestateServer, wait_until
 
-from countersign.contract import MAX_TOOL_ARGS_BYTES
+from countersign.contract import MAX_TOOL_ARGS_BYTES, MAX_WHY
 
 FORM = "application/x-www-form-urlencoded"
 
@@ -187,3 +187,25 @@ def test_oversized_tool_arguments_from_a_model_go_back_to_it(
     told = oai.tool_messages(openai_fake.seen(model)[1].body)
     assert f"at most {MAX_TOOL_ARGS_BYTES} are accepted" in told[0]["content"]
     assert unfinished(model_app.restate, run_id) == []
+
+
+@pytest.mark.slow
+def test_a_models_long_why_is_cut_to_the_contracts_bound_as_a_library_callers_is(
+    model_app: IsolatedStack, openai_fake: oai.OpenAIFake, run_id: str
+) -> None:
+    """The model's words before a gated call become the approval's `why`: cut to MAX_WHY and marked,
+    so a model that writes 100 KB is not stored, emailed and audited whole."""
+    model = f"wordy-{run_id}"
+    call = {"order_id": new_order(model_app.db_path, 90000), "amount_usd": "700.00", "reason": "damaged"}
+    openai_fake.script(model, oai.tool_calls(model, ("issue_refund", call), text="because " * 12_500))
+    model_app.ingress.start_run(run_id, {"goal": "refund", "requester": "a@example.com", "model": f"openai:{model}"})
+    [mail] = wait_for_email(model_app.outbox_dir, run_id)
+
+    def saved() -> list[dict[str, Any]]:  # the email may come before the workflow saves the record
+        return list(model_app.ingress.call("Approval", f"{run_id}-a0", "status", None).json()["approvals"])
+
+    [record] = wait_until(saved, 20, "the approval's record")
+    assert len(record["why"]) == MAX_WHY and record["why"].endswith("because…"), len(record["why"])
+    assert "because " * 10 in mail.text and "because " * 300 not in mail.text
+    model_app.ingress.call("AgentRun", run_id, "cancel", {"reason": "done"})
+    assert model_app.ingress.wait_output(run_id, timeout=60).json()["status"] == "cancelled"
