@@ -265,8 +265,8 @@ def test_checkpoints_fail_closed_and_never_ungate() -> None:
     assert not alone.gated and alone.stopped_because == []
 
 
-def test_the_readmes_checks_refuse_a_refund_of_another_order_than_the_one_looked_up() -> None:
-    """The README's example policy, read from the README: a lookup of order 1043 does not let a
+def test_the_docs_checks_refuse_a_refund_of_another_order_than_the_one_looked_up() -> None:
+    """The docs' example policy, read from the docs page: a lookup of order 1043 does not let a
     refund of order 1042 of the same total run alone, and `results.lookup_order` is the latest
     lookup, so an earlier lookup of 1042 does not count once another order was looked up."""
     from countersign.contract import ActionRecord, Outcome
@@ -275,11 +275,12 @@ def test_the_readmes_checks_refuse_a_refund_of_another_order_than_the_one_looked
     from countersign.tools.policy_file import merge
     from handlers.demo.tools import DEMO_TOOLS, IssueRefundArgs
 
-    readme = (REPO / "README.md").read_text().split("### Confidence-gated checkpoints", 1)[1]
+    page = REPO / "docs" / "how-to" / "plans-and-checkpoints.md"
+    readme = page.read_text().split("## Confidence-gated checkpoints", 1)[1]
     table = tomllib.loads(readme.split("```toml\n", 1)[1].split("```", 1)[0])["tools"]["issue_refund"]
     assert ORDER_CHECK in table["checks"] and CHECK in table["checks"]
     [tool] = [t for t in DEMO_TOOLS if t.name == "issue_refund"]
-    policy = merge(tool.policy, table, source="README.md")
+    policy = merge(tool.policy, table, source=str(page))
 
     def lookup(order: int) -> ActionRecord:  # what the demo's lookup_order returns
         result = {"order_id": order, "customer_id": "c_1", "amount_usd": "120.00", "refunded_usd": "0.00"}
