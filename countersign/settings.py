@@ -115,76 +115,251 @@ def parse_webhooks(raw: object) -> dict[str, tuple[WebhookEndpoint, ...]]:
 
 
 class Settings(BaseSettings):
+    """Every setting, read from the environment (the variable is the field's name in capitals).
+
+    Each field's `description` is the documentation of that setting (the docs' settings reference is
+    generated from it, and the docs build fails on a field without one); `json_schema_extra`'s
+    `production` says when a production deployment must set it."""
+
     model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore")
 
-    countersign_env: Literal["dev", "test", "production"] = "production"
-    restate_ingress_url: str = "http://127.0.0.1:8080"
-    restate_admin_url: str = "http://127.0.0.1:9070"
-    approvals_public_url: str = "http://127.0.0.1:9080"
+    countersign_env: Literal["dev", "test", "production"] = Field(
+        default="production",
+        description="`dev` / `test` relax production-only checks: `serve` starts without `RESTATE_IDENTITY_KEYS` "
+        "or `COUNTERSIGN_JOURNAL_KEYS` and says so in one warning line each (`countersign dev` generates both); "
+        "`dev` alone also serves the demo tools when no tools are named. Only in dev/test does the outbox "
+        "log the approval links it writes.",
+    )
+    restate_ingress_url: str = Field(
+        default="http://127.0.0.1:8080",
+        description="The Restate ingress: where the pages, the webhook route and the operator commands call "
+        "Countersign's services.",
+    )
+    restate_admin_url: str = Field(
+        default="http://127.0.0.1:9070",
+        description="The Restate admin API, which the operator commands query (`pending`, `cancel --older-than`, "
+        "`audit verify`).",
+    )
+    approvals_public_url: str = Field(
+        default="http://127.0.0.1:9080",
+        description="Base of the links in emails; a page's POST must come from this origin.",
+    )
     # The Restate endpoint's own listener (HOST:PORT, or `shared`: on the pages' port, with the
     # Restate limits for both) and the public listener's timeouts; see countersign/runtime/hypercorn.toml.
     restate_endpoint_bind: str = Field(
-        default="127.0.0.1:9081", pattern=rf"^({SHARED_LISTENER}|[\w.\[\]:-]+:\d{{1,5}})$"
+        default="127.0.0.1:9081",
+        pattern=rf"^({SHARED_LISTENER}|[\w.\[\]:-]+:\d{{1,5}})$",
+        description="`HOST:PORT` of the Restate endpoint's own listener (register `http://HOST:PORT/restate`), "
+        "or `shared`: on `serve --bind`, with the Restate limits for the pages too (one-port platforms; the "
+        "`Dockerfile` sets it).",
     )
-    pages_idle_timeout_seconds: float = Field(default=5.0, gt=0, le=300)
-    pages_read_timeout_seconds: int = Field(default=30, ge=1, le=600)
-    pages_body_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
-    approvals_signing_keys: SigningKeys = Field(default_factory=dict)
-    approvals_outbox_dir: Path = Path(".outbox")
-    approvals_policy_file: Path | None = None
-    countersign_tools: Annotated[tuple[str, ...], NoDecode] = ()
-    """`package.module:ATTR[,...]`: the tools to load (outside dev, required unless tools are given in code)."""
-    resend_api_key: str | None = None
-    resend_from: str = "Countersign <approvals@countersign.local>"
-    resend_webhook_secret: str | None = None
-    resend_api_url: str | None = None
-    resend_timeout_seconds: float = Field(default=20.0, gt=0, le=50)
-    # Slack, for policies whose `channels` name it: the bot token (xoxb-...) that posts and updates
-    # the approval messages, the signing secret that authenticates `POST /slack/interactions`, and
-    # the Web API base (tests point it at a local fake).
-    slack_bot_token: SecretStr | None = None
-    slack_signing_secret: SecretStr | None = None
-    slack_api_base: str = "https://slack.com/api/"
-    slack_timeout_seconds: float = Field(default=10.0, gt=0, le=30)
-    # A tool's `context` function (facts for the approver) is given up after this long: the
-    # approval goes out saying the facts could not be read.
-    tool_context_timeout_seconds: float = Field(default=5.0, gt=0, le=30)
-    approvals_security_contact: str | None = Field(default=None, pattern=r"^[^@\s<>\"']{1,64}@[A-Za-z0-9.-]{1,190}$")
-    restate_identity_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    countersign_journal_keys: SigningKeys = Field(default_factory=dict)
-    # Off only while upgrading from a version that cannot open compressed (v2) journal values and
-    # still serves paused runs: those read values that the new deployment writes.
-    countersign_journal_compress: bool = True
-    # The user's own Restate services, served by the same endpoint (imported by countersign.runtime.services).
-    countersign_services: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    model: str = "scripted"
+    pages_idle_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description="Public listener: a connection with no request in progress, or still sending its request "
+        "line and headers, is closed after this long.",
+    )
+    pages_read_timeout_seconds: int = Field(
+        default=30,
+        ge=1,
+        le=600,
+        description="Public listener: a connection on which nothing arrives for this long is closed (keep it "
+        "above the slowest page answer: hypercorn counts that wait too).",
+    )
+    pages_body_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="A page or webhook request whose body is not complete this long after it started gets 408 "
+        "and its connection is closed.",
+    )
+    approvals_signing_keys: SigningKeys = Field(
+        default_factory=dict,
+        description="`kid:secret[,kid:secret...]`, each secret at least 32 characters: the first signs new links, "
+        "all verify (rotation). Links already sent stay valid only while their key is listed, so keep the "
+        "value across restarts. `countersign dev` generates `.restate/dev-signing-keys`.",
+        json_schema_extra={"production": "required (every process that serves or reads links)"},
+    )
+    approvals_outbox_dir: Path = Field(
+        default=Path(".outbox"),
+        description="Where each email is written as an `.eml` file when `RESEND_API_KEY` is unset.",
+    )
+    approvals_policy_file: Path | None = Field(
+        default=None,
+        description="A TOML file of per-tool policy overrides, `[tools.<name>]` tables (`gated`, `when`, "
+        "`approvers`, `quorum`, deadlines, reminders, escalation, checkpoints, channels...); read at start.",
+    )
+    countersign_tools: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="`package.module:ATTR[,...]`: the tools to load, each attribute a list of `Tool` or a "
+        "`Registry`, imported from the current folder or `PYTHONPATH`. With `COUNTERSIGN_ENV=dev` and none "
+        "named: the demo tools.",
+        json_schema_extra={"production": "required, unless tools are given to `create_app(tools=...)`"},
+    )
+    resend_api_key: str | None = Field(
+        default=None, description="Send emails through Resend instead of writing them to the outbox."
+    )
+    resend_from: str = Field(
+        default="Countersign <approvals@countersign.local>",
+        description="The sender of every email (with Resend: on a domain verified there).",
+    )
+    resend_webhook_secret: str | None = Field(
+        default=None,
+        description="The Resend webhook's `whsec_...` signing secret; without it `POST /webhooks/resend` answers 503.",
+    )
+    resend_api_url: str | None = Field(
+        default=None,
+        description="Another Resend API base (the tests' local fake); unset: the SDK's `https://api.resend.com`.",
+    )
+    resend_timeout_seconds: float = Field(
+        default=20.0,
+        gt=0,
+        le=50,
+        description="Per-request timeout of the Resend SDK (at most 50, under Restate's 1 min inactivity timeout).",
+    )
+    slack_bot_token: SecretStr | None = Field(
+        default=None,
+        description="The Slack app's bot token (`xoxb-...`; scopes `chat:write`, `im:write`, `users:read`, "
+        "`users:read.email`, and `channels:history`/`im:history` for the duplicate check) that posts and "
+        "updates the approval messages.",
+        json_schema_extra={"production": "required when a policy names `slack`"},
+    )
+    slack_signing_secret: SecretStr | None = Field(
+        default=None,
+        description="The Slack app's signing secret; verifies `POST /slack/interactions` (without it: 503).",
+        json_schema_extra={"production": "required when a policy names `slack`"},
+    )
+    slack_api_base: str = Field(
+        default="https://slack.com/api/", description="The Slack Web API base (the tests point it at a local fake)."
+    )
+    slack_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=30, description="Per-request timeout of the Slack SDK (at most 30)."
+    )
+    tool_context_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=30,
+        description="A tool's `context` function (facts for the approver) is given up after this long; the "
+        "approval goes out saying the facts could not be read.",
+    )
+    approvals_security_contact: str | None = Field(
+        default=None,
+        pattern=r"^[^@\s<>\"']{1,64}@[A-Za-z0-9.-]{1,190}$",
+        description='Named in the decision receipt\'s "if this wasn\'t you" (else "your security team").',
+    )
+    restate_identity_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="`publickeyv1_...` keys, comma-separated: only a Restate server signing with one of them can "
+        "invoke the endpoint. `countersign dev` generates a key pair.",
+        json_schema_extra={"production": "required"},
+    )
+    countersign_journal_keys: SigningKeys = Field(
+        default_factory=dict,
+        description="`kid:base64key[,...]`, 32-byte AES-256 keys: the first encrypts journal values, all decrypt "
+        "(rotation). The web tier and the operator commands need the same keys. Unset (dev/test only), "
+        "journal values are stored in plaintext. `countersign dev` generates `.restate/dev-journal-keys`.",
+        json_schema_extra={"production": "required"},
+    )
+    countersign_journal_compress: bool = Field(
+        default=True,
+        description="`false` seals every journal value uncompressed (`v1`); `v1` and `v2` always open. Only for "
+        "the upgrade from a version that cannot open `v2` while it still has paused runs.",
+    )
+    countersign_services: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Your own Restate services served by the same endpoint: comma-separated "
+        "`package.module:ATTR`, each a Service, VirtualObject or Workflow or a list of them, imported from "
+        "the current folder or `PYTHONPATH`.",
+    )
+    model: str = Field(
+        default="scripted",
+        description="The model a run of the built-in agent uses unless its task names one: `scripted`, "
+        "`openai:<model>`, `anthropic:<model>`.",
+    )
     # The providers' own variables, passed to their SDKs explicitly.
-    openai_api_key: SecretStr | None = None
-    openai_base_url: str | None = None
-    anthropic_api_key: SecretStr | None = None
-    anthropic_base_url: str | None = None
-    model_timeout_seconds: float = Field(default=60.0, gt=0, le=600)
-    model_max_attempts: int = Field(default=5, ge=1, le=20)
-    model_max_malformed_turns: int = Field(default=3, ge=1, le=20)
-    model_max_tokens: int = Field(default=4096, ge=256, le=128_000)
-    demo_db: Path = Path(".demo/business.db")
-    agent_max_turns: int = Field(default=20, ge=1, le=200)
-    trust_ramp_min_decisions: int = Field(default=20, ge=1)
-    # `stats`: a decision faster than this after the page was first opened counts as "fast"; this
-    # many fast, unedited approvals in a row by one approver is a warning that they stopped reading.
-    fatigue_reading_seconds: float = Field(default=5.0, gt=0, le=3600)
-    fatigue_streak: int = Field(default=50, ge=1, le=100_000)
-    countersign_fault: str | None = None
-    # Whom an operator may hand an approval to besides the tool's approvers and escalation chain:
-    # addresses and `@domain` entries, comma-separated. Empty: only the policy's people.
-    approvals_reassign_allowed: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    # Signed outbound webhooks (countersign/events/): the endpoints per tenant, and the bounded retries
-    # of each delivery (the defaults keep trying for about a day, with durable timers in between).
-    countersign_webhooks: WebhookEndpoints = Field(default_factory=dict)
-    countersign_webhook_attempts: int = Field(default=15, ge=1, le=50)
-    countersign_webhook_backoff_seconds: float = Field(default=30.0, gt=0, le=3600)
-    countersign_webhook_backoff_max_seconds: float = Field(default=14400.0, gt=0, le=86400)
-    countersign_webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
+    openai_api_key: SecretStr | None = Field(
+        default=None, description="Key for `openai:` models (any value for a local server that needs none)."
+    )
+    openai_base_url: str | None = Field(
+        default=None, description="Endpoint for `openai:` models (unset: OpenAI's); any Chat Completions server."
+    )
+    anthropic_api_key: SecretStr | None = Field(default=None, description="Key for `anthropic:` models.")
+    anthropic_base_url: str | None = Field(
+        default=None, description="Endpoint for `anthropic:` models (unset: Anthropic's)."
+    )
+    model_timeout_seconds: float = Field(
+        default=60.0, gt=0, le=600, description="One provider request; a timeout is retried."
+    )
+    model_max_attempts: int = Field(
+        default=5,
+        ge=1,
+        le=20,
+        description="Attempts per model turn (429, 5xx, timeouts) before the run fails.",
+    )
+    model_max_malformed_turns: int = Field(
+        default=3, ge=1, le=20, description="Malformed model replies in a row before the run fails."
+    )
+    model_max_tokens: int = Field(
+        default=4096, ge=256, le=128_000, description="Reply length limit (Anthropic requires one)."
+    )
+    demo_db: Path = Field(
+        default=Path(".demo/business.db"),
+        description="The demo tools' SQLite database (created and seeded on first use).",
+    )
+    agent_max_turns: int = Field(default=20, ge=1, le=200, description="Bound on model turns per agent run.")
+    trust_ramp_min_decisions: int = Field(
+        default=20,
+        ge=1,
+        description="Human decisions (with no rejection and no edit) a tool needs before the trust ramp hints "
+        "that it could run without approval.",
+    )
+    fatigue_reading_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="`stats`: a decision faster than this after the page was first opened counts as fast.",
+    )
+    fatigue_streak: int = Field(
+        default=50,
+        ge=1,
+        le=100_000,
+        description="`stats`: this many fast, unedited approvals in a row by one approver is a warning that they "
+        "stopped reading.",
+    )
+    countersign_fault: str | None = Field(
+        default=None,
+        description="For the fault tests only: the crash, fail or delay point to arm; ignored unless "
+        "`COUNTERSIGN_ENV=test`.",
+    )
+    approvals_reassign_allowed: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Whom `reassign` may hand an approval to besides each tool's approvers and escalation chain: "
+        "addresses and `@domain` entries, comma-separated (`carol@example.com,@example.com`). Empty: only the "
+        "policy's people.",
+    )
+    countersign_webhooks: WebhookEndpoints = Field(
+        default_factory=dict,
+        description="The outbound webhooks' endpoints per tenant: a JSON object, or the path of a `.toml` / "
+        "`.json` file holding one, mapping a tenant (or `*`: every tenant) to a list of `{url, secret, events, "
+        "name}` (`secret`: `whsec_` + 24-64 bytes in base64; `events`: default all four).",
+    )
+    countersign_webhook_attempts: int = Field(
+        default=15, ge=1, le=50, description="Attempts per webhook event and endpoint before it is given up."
+    )
+    countersign_webhook_backoff_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="The wait after a webhook's first failed attempt, doubling (plus or minus 20 %) up to the "
+        "maximum below; the defaults keep trying for about 24 h.",
+    )
+    countersign_webhook_backoff_max_seconds: float = Field(
+        default=14400.0, gt=0, le=86400, description="The longest wait between two attempts of a webhook."
+    )
+    countersign_webhook_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=60, description="One webhook POST (at most 60)."
+    )
 
     @field_validator("approvals_signing_keys", mode="before")
     @classmethod
