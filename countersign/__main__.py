@@ -5,6 +5,7 @@ validate) ends the command with one line on stderr naming the setting and a non-
 never a traceback; see countersign.ops.cli for the commands themselves.
 """
 
+import os
 import sys
 
 from pydantic import ValidationError
@@ -14,6 +15,10 @@ from countersign.ops.cli import main
 
 def console() -> None:
     """Run the command line in `sys.argv` and exit with its status."""
+    # As under `python -m countersign`: the modules COUNTERSIGN_TOOLS and COUNTERSIGN_SERVICES name
+    # import from the folder the command runs in (then PYTHONPATH, then what is installed).
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         code = main()  # a CountersignError is already one line and exit 1 there
     except ValidationError as exc:

@@ -348,6 +348,17 @@ CONSOLE_SCRIPT = "\n".join(
 )
 
 
+def test_both_spellings_of_the_command_import_tools_from_the_folder_they_run_in(tmp_path: Path) -> None:
+    """`countersign serve` (the installed script) finds a tools module in the current folder, as
+    `python -m countersign serve` does: the module is imported (it names no tools), not missing."""
+    (tmp_path / "mine_here.py").write_text("TOOLS: list[object] = []\n")
+    env = clean_env(tmp_path, COUNTERSIGN_ENV="test", COUNTERSIGN_TOOLS="mine_here:TOOLS")
+    said = "COUNTERSIGN_TOOLS=mine_here:TOOLS: names no tools"
+    script = str(Path(sys.executable).parent / "countersign")
+    for command in ([script, *SERVE], [sys.executable, "-m", "countersign", *SERVE]):
+        assert stderr_lines(command, env) == (1, [said]), command
+
+
 def test_the_console_turns_a_library_error_into_one_line_and_exit_1(tmp_path: Path) -> None:
     env = clean_env(tmp_path, COUNTERSIGN_ENV="test", COUNTERSIGN_TOOLS="nope.tools:X")
     said = "COUNTERSIGN_TOOLS=nope.tools:X: no module named 'nope.tools' (is it on sys.path?)"
