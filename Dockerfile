@@ -1,7 +1,7 @@
 # The handlers for HTTP platforms that scale to zero (Cloud Run, Knative, Fly.io): one process serving
 # the Restate endpoint under /restate, the approval pages and /healthz, all on the one port these
 # platforms route (RESTATE_ENDPOINT_BIND=shared; their front end holds the client connections, so the
-# pages keep only their body deadline here). See docs/deployment.md.
+# pages keep only their body deadline here). See docs/how-to/deploy/docker.md.
 #   docker build -t countersign .        (podman build -t countersign . works the same)
 
 # Stage 1: build the wheel. It carries the package data the app reads at run time: the email

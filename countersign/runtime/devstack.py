@@ -50,7 +50,7 @@ NO_JOURNAL_KEYS = (
 NOT_A_CHECKOUT = (
     "`python -m countersign dev` runs from a source checkout of Countersign (it needs the checkout's "
     "restate.toml and the restate-server that `npm ci` pins): run scripts/dev there. An installed wheel "
-    "runs `python -m countersign serve` next to a restate-server of your own (README: Deploying)"
+    "runs `python -m countersign serve` next to a restate-server of your own (docs/getting-started.md)"
 )
 
 
