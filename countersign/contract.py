@@ -189,6 +189,8 @@ class AgentTask(Strict):
 
 
 DecisionSource = Literal["human", "deadline_default", "system"]
+AskedBy = Literal["agent", "code"]
+"""Who asked for an approval: an agent (AgentRun, a framework adapter) or a handler's own code."""
 
 
 class ActionRecord(BaseModel):
@@ -324,6 +326,11 @@ class ApprovalRecord(BaseModel):
     trail: list[TrailStep] = Field(default_factory=list, description="the run's earlier calls, before this one")
     policy_version: str = Field(default="", description="the version of the tool's policy that gated the call")
     kind: Literal["action", "plan"] = Field(default="action", description="a plan: `args` is the frozen Plan")
+    asked_by: AskedBy = Field(
+        default="agent",
+        description="who asked: an agent, or a handler's own code (the email and page word the request by it); "
+        "records of earlier versions were all worded as an agent's",
+    )
     deviation: str | None = Field(default=None, description="how this call departs from the approved plan")
     stopped_because: list[StopReason] = Field(
         default_factory=list, description="why a call the policy would let run alone was stopped (checkpoints)"

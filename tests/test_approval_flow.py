@@ -51,6 +51,7 @@ def test_approve_executes_the_frozen_refund_once(
     assert f"Refund $700.00 to order {order}" in mail.message["Subject"]
     assert "amount_usd: 700.00" in mail.text and "The customer sent photos" in mail.text
     assert pending["digest"][:12] in mail.text
+    assert "An agent working for alice@example.com" in mail.text  # AgentRun is an agent
 
     page = open_page(mail.link)
     assert page.status_code == 200

@@ -11,6 +11,8 @@ one that needs settings of its own names them there, `<!-- snippet: env: NAME=va
 
 from __future__ import annotations
 
+import email
+import email.policy
 import functools
 import importlib.util
 import itertools
@@ -258,7 +260,10 @@ def test_the_getting_started_tutorial_approves_a_payment_with_curl(
     def emails(pattern: str) -> list[Path] | None:
         return list(stack.outbox_dir.glob(pattern)) or None
 
-    wait_until(functools.partial(emails, "approval-request_inv-1-a0_*.eml"), 30, "the approval email")
+    [request] = wait_until(functools.partial(emails, "approval-request_inv-1-a0_*.eml"), 30, "the approval email")
+    # A workflow's own gated_call is worded as the workflow's request, not an agent's.
+    text = email.message_from_bytes(request.read_bytes(), policy=email.policy.default).get_body(("plain",))
+    assert text is not None and "A workflow working for alice@example.com" in str(text.get_content())
     assert step("## 6. Approve").split() == ["403", "200"]
     record = json.loads(step("## 7. The result"))
     assert record["outcome"] == "approved"

@@ -410,3 +410,44 @@ def test_email_templates_autoescape_html_and_not_text() -> None:
     assert callable(env.autoescape)
     assert env.autoescape("approval_request.html") and env.autoescape("_action.html")
     assert not env.autoescape("approval_request.txt")
+
+
+@pytest.mark.parametrize(
+    ("asked_by", "who", "why_label"),
+    [
+        ("agent", "An agent working for", "Why (the agent's words):"),
+        ("code", "A workflow working for", "Why (as the workflow gave it):"),
+    ],
+)
+def test_the_request_is_worded_by_who_asked(asked_by: str, who: str, why_label: str) -> None:
+    """A workflow's own gated_call is not an agent: its email and page say who asked."""
+    import time
+
+    from countersign.web import wording
+    from countersign.web.views import page
+
+    rec = record(asked_by=asked_by, why="")
+    mail = approval_request(rec, 0, "", SETTINGS)
+    assert f"{who} alice@example.com wants to run issue_refund" in mail.text
+    assert why_label in mail.text
+    assert f"{who} <strong>alice@example.com</strong>" in mail.html
+    other = "A workflow" if asked_by == "agent" else "An agent"
+    assert other not in mail.text and other not in mail.html
+    now = time.time()
+    body = page(
+        "confirm.html",
+        record=rec,
+        approver="finance@example.com",
+        goal="",
+        intent="",
+        csrf="c",
+        confirm_label="",
+        confirm_value="",
+        deadline=wording.deadline(rec.deadline, now),
+        requested=wording.moment(rec.requested_at),
+        fingerprint=rec.digest[:12],
+    ).body
+    html = bytes(body).decode()
+    asker = "the agent" if asked_by == "agent" else "the workflow"
+    assert f"({asker} gave none)" in html and f"tells {asker} your reason" in html
+    assert ("Agent's reason" in html) == (asked_by == "agent")

@@ -79,6 +79,7 @@ def test_an_approved_call_runs_once_with_the_approved_arguments(
     invocation = start(stack, fake, run_id, ("issue_refund", refund_args(order, "800.00")))
     [mail] = wait_for_email(stack.outbox_dir, run_id)
     assert "Refund $800.00 to order" in mail.text and "asked of the refund desk" in mail.text
+    assert "An agent working for" in mail.text and "Why (the agent's words):" in mail.text  # the adapter asks
     assert refunds_for(stack.db_path, run_id) == [], "nothing runs before the approval"
     assert submit(mail.link, "approve").status_code == 200
 

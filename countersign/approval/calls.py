@@ -42,6 +42,7 @@ from countersign.contract import (
     MAX_WHY,
     NAME_PATTERN,
     ActionRecord,
+    AskedBy,
     DecisionSource,
     Outcome,
     Plan,
@@ -272,6 +273,7 @@ async def request_approval(
     trail: Sequence[ActionRecord | TrailStep] = (),
     confidence: float | None = None,
     results: Mapping[str, Any] | Sequence[ActionRecord] | None = None,
+    asked_by: AskedBy = "code",
 ) -> ApprovalOutcome:
     """Ask a person before `tool` runs with `args`, and wait (durably, for days if need be) for the
     decision. The policy of the tool decides whether to ask, whom, and how long to wait; nothing runs
@@ -284,7 +286,9 @@ async def request_approval(
     `results` the earlier results of the same run (tool name -> result, or the earlier ActionRecords,
     whose latest result per tool counts), for a policy's `gate_below_confidence` and `checks`.
 
-    `why` and `goal` are cut to 2,000 and 4,000 characters (`MAX_WHY`, `MAX_GOAL`)."""
+    `why` and `goal` are cut to 2,000 and 4,000 characters (`MAX_WHY`, `MAX_GOAL`). `asked_by` says
+    who asks, for the email and page: `"code"` (your handler; the default) or `"agent"` (an agent
+    proposed the call: they then say "An agent working for <requester>" and "the agent's words")."""
     why, goal = _described(why, goal)
     where, at, name, asked = await _open(ctx, tool, args, requester, tenant, run_id, index, confidence, results)
     base = ApprovalOutcome(verdict=Outcome.INVALID, run_id=where, index=at, proposed_args=asked.args or proposed(args))
@@ -294,7 +298,7 @@ async def request_approval(
         return base.model_copy(update={"verdict": verdict, "reason": routed.why})
     if routed.kind == "autonomous":
         return base.model_copy(update={"verdict": Outcome.AUTONOMOUS, "args": asked.args})
-    facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
+    facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="", asked_by=asked_by)
     result = await _approval(ctx, facts, name, at, asked, why, act="report", trail=trail)
     action = result.action
     return base.model_copy(
@@ -325,6 +329,7 @@ async def gated_call(
     plan: ApprovedPlan | None = None,
     confidence: float | None = None,
     results: Mapping[str, Any] | Sequence[ActionRecord] | None = None,
+    asked_by: AskedBy = "code",
 ) -> ActionRecord:
     """The whole gated action: policy, then (if it asks) the approval, the precondition re-check and
     the effect under its idempotency key `<run_id>/<index>`; the action's record (outcome, arguments as
@@ -335,8 +340,8 @@ async def gated_call(
     it or its tool needs a quorum or is high stakes for these arguments (then it is asked on its own,
     as without a plan, and not counted); a gated call outside it is a
     deviation, asked again (the email and page say how it deviates) or refused, as the plan says.
-    `confidence` and `results` feed the policy's checkpoints, and `why` and `goal` are cut, as for
-    `request_approval`."""
+    `confidence` and `results` feed the policy's checkpoints, and `why`, `goal` and `asked_by` are as
+    for `request_approval`."""
     why, goal = _described(why, goal)
     # Under a plan a gated call may run at once (inside it): its facts are read only if it is asked.
     where, at, name, asked = await _open(
@@ -365,7 +370,7 @@ async def gated_call(
     if routed.kind == "refused":
         assert plan is not None and routed.why is not None
         return refused_deviation(name, asked.args, at, plan, routed.why)
-    facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
+    facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="", asked_by=asked_by)
     result = await _approval(ctx, facts, name, at, asked, why, act="execute", trail=trail, deviation=routed.why)
     mark_deviation(result.action, plan, routed)
     return result.action
@@ -382,15 +387,16 @@ async def request_plan_approval(
     run_id: str | None = None,
     index: int | None = None,
     on_deviation: OnDeviation | None = None,
+    asked_by: AskedBy = "code",
 ) -> ApprovedPlan:
     """Ask a person to approve `plan` (an ordered list of intended calls with their arguments or
     bounds) once, and wait for the decision; the approver may drop steps or lower bounds and counts.
     Pass the result to `gated_call(plan=...)`: calls inside it then run without a new approval, and
     a gated call outside it is asked again or refused, as `on_deviation` (else each tool's
-    `plan.on_deviation`, else `ask`) says. Placed as `request_approval` places an approval, and `why`
-    and `goal` cut as there."""
+    `plan.on_deviation`, else `ask`) says. Placed as `request_approval` places an approval, and `why`,
+    `goal` and `asked_by` as there."""
     why, goal = _described(why, goal)
     _check_people(requester, tenant)
     where, at = _where(ctx, run_id, index)
-    facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="")
+    facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="", asked_by=asked_by)
     return await ask_plan_approval(ctx, facts, plan, index=at, why=why, on_deviation=on_deviation)

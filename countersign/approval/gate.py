@@ -131,6 +131,7 @@ def freeze(
         stopped_because=list(verdict.stopped_because),
         confidence=confidence,
         webhooks=verdict.webhooks,
+        asked_by=run.asked_by,
     )
 
 

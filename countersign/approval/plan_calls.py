@@ -96,6 +96,7 @@ def freeze_plan(facts: RunFacts, index: int, plan: dict[str, Any], why: str, ask
         round_started_at=now,
         deadline=now + policy.deadline_seconds,
         editable=editable_fields(parsed),
+        asked_by=facts.asked_by,
     )
 
 

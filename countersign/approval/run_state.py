@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from restate import WorkflowContext, WorkflowSharedContext
 from restate.serde import BytesSerde
 
-from countersign.contract import ActionRecord, ApprovalRecord, ModelSwitch, Phase
+from countersign.contract import ActionRecord, ApprovalRecord, AskedBy, ModelSwitch, Phase
 from countersign.objects.bookkeeping import Notices
 
 HEADER_KEY = "run"
@@ -46,6 +46,8 @@ class RunFacts(BaseModel):
     """Each time the pinned model was gone (provider 404) and what the run did."""
     webhooks: bool = True
     """Whether the run's end goes to the tenant's webhooks (from its last journaled model turn)."""
+    asked_by: AskedBy = "agent"
+    """Who asks for its approvals: the agent (AgentRun), or, for the gate's calls, what the caller says."""
 
 
 _FACTS = set(RunFacts.model_fields)

@@ -224,6 +224,7 @@ async def _gate(run: _Run, name: str, args: dict[str, Any]) -> ActionRecord:
         run_id=run.run_id,
         index=run.take_index(),
         trail=run.done,
+        asked_by="agent",
     )
     run.done.append(record)
     return record
