@@ -187,8 +187,10 @@ class Settings(BaseSettings):
     )
     approvals_policy_file: Path | None = Field(
         default=None,
-        description="A TOML file of per-tool policy overrides, `[tools.<name>]` tables (`gated`, `when`, "
-        "`approvers`, `quorum`, deadlines, reminders, escalation, checkpoints, channels...); read at start.",
+        description="A TOML file of per-tool policy overrides, `[tools.<name>]` tables for loaded tools: `gated`, "
+        "`when` (a CEL condition, e.g. `amount_usd > 500`), `approvers`, `quorum`, `deadline_seconds` (at most 7 "
+        "days), reminders, escalation, `high_stakes` / `high_stakes_when`, checkpoints (`gate_below_confidence`, "
+        "`checks`), `on_model_retired`, `channels` / `approver_channels` / `slack_channel`, `plan`; read at start.",
     )
     countersign_tools: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),
@@ -342,7 +344,8 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="The outbound webhooks' endpoints per tenant: a JSON object, or the path of a `.toml` / "
         "`.json` file holding one, mapping a tenant (or `*`: every tenant) to a list of `{url, secret, events, "
-        "name}` (`secret`: `whsec_` + 24-64 bytes in base64; `events`: default all four).",
+        "name}` (`secret`: `whsec_` + 24-64 bytes in base64; `events`: default all four; `name`: `[a-z0-9_-]`, "
+        "default derived from the URL). A bad value stops the process at start.",
     )
     countersign_webhook_attempts: int = Field(
         default=15, ge=1, le=50, description="Attempts per webhook event and endpoint before it is given up."
