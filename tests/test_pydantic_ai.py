@@ -141,6 +141,7 @@ def test_an_approved_refund_runs_once_with_the_approved_arguments(stack: Isolate
     start(stack, "pyd-approve", [lookup, refund(order, "800.00"), note])
     [mail] = wait_for_email(stack.outbox_dir, "pyd-approve")
     assert "Refund $800.00 to order" in mail.text and "the parcel arrived broken" in mail.text
+    assert "An agent working for" in mail.text and "Why (the agent's words):" in mail.text  # the adapter asks
     assert refunds_for(stack.db_path, "pyd-approve") == [], "nothing runs before the approval"
     assert submit(mail.link, "approve").status_code == 200
 

@@ -245,6 +245,7 @@ class Countersign(AbstractCapability[Any]):
                 goal=self.goal or prompt,
                 run_id=self.run_id,
                 trail=self.actions,
+                asked_by="agent",
             )
             self.actions.append(record)
             results.answered_by[call.tool_call_id] = ", ".join(record.approved_by) or _answerer(record)
