@@ -344,6 +344,12 @@ class ApprovalRecord(BaseModel):
     def nonce(self) -> str:
         return self.nonces[self.round - 1]
 
+    @property
+    def asker(self) -> Literal["agent", "workflow"]:
+        """Who asked, as the emails and pages name it: an agent (an agent run or a framework adapter)
+        or a workflow (a handler's own code, through the library calls)."""
+        return "agent" if self.asked_by == "agent" else "workflow"
+
     def approvals_in_round(self) -> list[Vote]:
         return [v for v in self.votes if v.round == self.round and v.kind == "approve"]
 

@@ -451,3 +451,27 @@ def test_the_request_is_worded_by_who_asked(asked_by: str, who: str, why_label: 
     asker = "the agent" if asked_by == "agent" else "the workflow"
     assert f"({asker} gave none)" in html and f"tells {asker} your reason" in html
     assert ("Agent's reason" in html) == (asked_by == "agent")
+
+
+@pytest.mark.parametrize("asked_by", ["agent", "code"])
+def test_what_happens_next_is_worded_by_who_asked(asked_by: str) -> None:
+    """After the decision too (the outcome notice, the pages of a closed approval, the next steps
+    after a decision), a workflow's call is the workflow's, an agent's the agent's."""
+    from countersign.web import wording
+
+    asker, other = ("agent", "workflow") if asked_by == "agent" else ("workflow", "agent")
+    rejected = outcome_notice(decided("rejected", asked_by=asked_by), "rejected", SETTINGS)
+    assert f"the {asker} was told why" in rejected.text and f"the {asker} was told why" in rejected.html
+    assert f"The action your {asker} asked for" in rejected.html
+    for mail in (rejected, outcome_notice(decided(asked_by=asked_by), "approved", SETTINGS)):
+        assert f" {other} " not in mail.text.lower(), mail.text
+    rec = decided(asked_by=asked_by)
+    closed = [wording.closed_state(state, "cfo@example.com", 0.0, None, None, None, rec.asker) for state in STATES]
+    assert all(f"the {other}" not in (v.headline + v.consequence).lower() for v in closed)
+    assert any(f"The {asker} was told" in v.consequence for v in closed)
+    for state in ("approved", "rejected"):
+        told = wording.next_steps(state, rec.tool, rec.digest[:12], who_asked=rec.asker)
+        assert f"The {asker} " in told and f"The {other} " not in told
+
+
+STATES = ("approved", "rejected", "superseded", "failed", "undeliverable", "expired", "cancelled")

@@ -162,7 +162,7 @@ def request_blocks(
             {"type": "section", "text": _plain(f"The tool's facts could not be read: {record.context_error}")}
         )
     if goal:
-        blocks.append({"type": "section", "text": _plain(f"The agent's goal: {goal}")})
+        blocks.append({"type": "section", "text": _plain(f"The {record.asker}'s goal: {goal}")})
     blocks.append(
         {
             "type": "context",

@@ -205,7 +205,9 @@ class ApprovalPages:
             approved=receipt.state.startswith("approved"),
             when=wording.moment(receipt.decided_at) if receipt.decided_at is not None else None,
             edits=receipt.edits or {},
-            next_steps=wording.next_steps(receipt.state, record.tool, record.digest[:12], quorum=receipt.quorum),
+            next_steps=wording.next_steps(
+                receipt.state, record.tool, record.digest[:12], quorum=receipt.quorum, who_asked=record.asker
+            ),
         )
 
     async def _batch_post(self, runs: RunsClient, token: str, form: FormData, client: str) -> Response:
@@ -279,7 +281,7 @@ class ApprovalPages:
         at = receipt.decided_at if receipt else record.decided_at
         reason = receipt.reason if receipt else record.reason
         via = receipt.decided_via if receipt else record.decided_via
-        closed = wording.closed_state(state, by, at, reason, action, via)
+        closed = wording.closed_state(state, by, at, reason, action, via, record.asker)
         return page("already.html", status, record=record, state=state, closed=closed, attempted=attempted)
 
     def _same_origin(self, request: Request) -> bool:

@@ -66,9 +66,9 @@ def _result_text(result: dict[str, Any] | None) -> str:
     return ", ".join(f"{name} {value}" for name, value in sorted(result.items()))
 
 
-def _after_approval(action: ActionRecord | None) -> str:
+def _after_approval(action: ActionRecord | None, who_asked: str) -> str:
     if action is None:
-        return "The agent runs it once, with exactly the arguments that were approved."
+        return f"The {who_asked} runs it once, with exactly the arguments that were approved."
     if action.outcome in (Outcome.APPROVED, Outcome.APPROVED_WITH_EDITS):
         done = _result_text(action.result)
         return "It has run, once." + (f" Result: {done}." if done else "")
@@ -86,10 +86,11 @@ def closed_state(
     reason: str | None,
     action: ActionRecord | None,
     via: str | None = None,
+    who_asked: str = "agent",
 ) -> StateView:
     """Words for an approval that no longer waits: who closed it and when (and, when it was decided
-    in Slack, that it was), and what that means now."""
-    view = _closed_words(state, by, at, action)
+    in Slack, that it was), and what that means now. `who_asked` is the record's `asker`."""
+    view = _closed_words(state, by, at, action, who_asked)
     if via == "slack" and by and state in ("approved", "approved_with_edits", "rejected"):
         when = f" at {moment(at).text}" if at is not None else ""
         verb = view.headline.removeprefix("This action was ").split(" by ", 1)[0]
@@ -99,20 +100,22 @@ def closed_state(
     return view
 
 
-def _closed_words(state: str, by: str | None, at: float | None, action: ActionRecord | None) -> StateView:
+def _closed_words(
+    state: str, by: str | None, at: float | None, action: ActionRecord | None, who_asked: str
+) -> StateView:
     when = f" at {moment(at).text}" if at is not None else ""
     who = f" by {by}" if by else ""
     match state:
         case "approved" | "approved_with_edits":
             edited = " with edits" if state == "approved_with_edits" else ""
             return StateView(
-                "Already approved", f"This action was approved{edited}{who}{when}.", _after_approval(action)
+                "Already approved", f"This action was approved{edited}{who}{when}.", _after_approval(action, who_asked)
             )
         case "rejected":
             return StateView(
                 "Already rejected",
                 f"This action was rejected{who}{when}.",
-                "It did not run. The agent was told the reason and may propose something else; "
+                f"It did not run. The {who_asked} was told the reason and may propose something else; "
                 "anything else that needs approval comes in a new email.",
             )
         case "expired":
@@ -132,13 +135,13 @@ def _closed_words(state: str, by: str | None, at: float | None, action: ActionRe
             return StateView(
                 "Superseded",
                 f"Something this action depends on changed while it waited{when}, so it was superseded.",
-                "It did not run. The agent was told what changed.",
+                f"It did not run. The {who_asked} was told what changed.",
             )
         case "failed":
             return StateView(
                 "Approved but not run",
                 f"This action was approved{who}{when}, but it could not run as approved.",
-                "Nothing was changed by it. The agent was told why.",
+                f"Nothing was changed by it. The {who_asked} was told why.",
             )
         case "escalated":
             return StateView(
@@ -150,7 +153,7 @@ def _closed_words(state: str, by: str | None, at: float | None, action: ActionRe
             return StateView(
                 "Not delivered",
                 f"No approval email could be delivered{when}, so this request was closed.",
-                "The action did not run. The agent was told no approver could be reached.",
+                f"The action did not run. The {who_asked} was told no approver could be reached.",
             )
         case _:
             return StateView(
@@ -179,11 +182,11 @@ def notice_hint(status: int, message: str) -> str:
     )
 
 
-def next_steps(state: str, tool: str, fingerprint: str, *, quorum: int = 1) -> str:
-    """After the person's own decision was recorded: what happens now."""
+def next_steps(state: str, tool: str, fingerprint: str, *, quorum: int = 1, who_asked: str = "agent") -> str:
+    """After the person's own decision was recorded: what happens now (`who_asked`: the record's `asker`)."""
     if not state.startswith("approved"):
         return (
-            "The action will not run. The agent is told your reason and may propose something else; "
+            f"The action will not run. The {who_asked} is told your reason and may propose something else; "
             "anything else that needs approval comes in a new email."
         )
     if quorum > 1:
@@ -194,7 +197,7 @@ def next_steps(state: str, tool: str, fingerprint: str, *, quorum: int = 1) -> s
     edited = state == "approved_with_edits"
     what = "your edited arguments" if edited else f"exactly the arguments you saw (fingerprint {fingerprint})"
     return (
-        f"The agent now runs {tool} with {what}, once. "
+        f"The {who_asked} now runs {tool} with {what}, once. "
         "If something it depends on changed while it waited, it does not run as approved; "
         "opening this link again shows what happened. You don't need to do anything else."
     )
