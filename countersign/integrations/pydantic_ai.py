@@ -55,7 +55,8 @@ from restate import TerminalError
 from restate.extensions import current_context
 
 from countersign.approval.calls import gated_call
-from countersign.contract import ActionRecord, Outcome
+from countersign.contract import ActionRecord
+from countersign.integrations._messages import denial_message
 from countersign.tools import default_registry
 from countersign.tools.registry import Tool
 
@@ -173,22 +174,6 @@ async def _take_turn(ctx: RunContext[Any]) -> None:
         return
     await turnstile.wait_for(ctx.tool_call_id)
     turnstile.allow_next_after(ctx.tool_call_id)
-
-
-def denial_message(record: ActionRecord) -> str:
-    """What the model reads when a call did not run, or ran and failed (the gate's record of it)."""
-    reason = record.reason or (record.result or {}).get("error") or "no reason given"
-    match record.outcome:
-        case Outcome.REJECTED:
-            return f"Rejected by the approver: {reason}. Do not propose this exact call again."
-        case Outcome.EXPIRED:
-            return f"Not run: the approval expired before anyone decided ({reason})."
-        case Outcome.CANCELLED:
-            return f"Not run: the approval was cancelled ({reason})."
-        case Outcome.UNDELIVERABLE:
-            return f"Not run: the approval request could not be delivered to the approvers ({reason})."
-        case _:
-            return f"Not run ({record.outcome.value}): {reason}"
 
 
 def _why(ctx: RunContext[Any]) -> str:
