@@ -47,6 +47,7 @@ BOTH_PROTOCOLS = frozenset(
         "test_security_ingress",
         "test_own_tools",
         "test_openai_agents",
+        "test_langchain",
         "test_pydantic_ai",
         "test_serverless",
         "test_webhooks",
