@@ -1,6 +1,6 @@
 """One gate path: the same calls, through AgentRun (a scripted model), through `gated_call` from a
-user's own Restate Service and through both framework adapters (a Pydantic AI agent and an OpenAI
-Agents SDK agent, their models the frameworks' own OpenAI clients talking to the fake server), end the
+user's own Restate Service and through the framework adapters (a Pydantic AI agent, an OpenAI Agents
+SDK agent and a LangChain agent, their models the frameworks' own OpenAI clients talking to the fake server), end the
 same way: the same outcome, the same audit entry kinds and the same number of refunds in the demo
 database, against the real restate-server, app and outbox. The user's code is tests/support/gate_path."""
 
@@ -25,7 +25,7 @@ from countersign.agent.turn import PolicyAnswer, _recalled
 from countersign.approval import routing
 from countersign.llm.base import ToolCall
 
-Path_ = Literal["agent", "gated_call", "pydantic_ai", "openai_agents"]
+Path_ = Literal["agent", "gated_call", "pydantic_ai", "openai_agents", "langchain"]
 
 # Why an adapter cannot express a case (the table's adapter columns; None: it runs the case).
 NO_PLAN = "no plan: the adapter asks request_approval / gated_call without one, and its API takes none"
@@ -34,14 +34,18 @@ PYDANTIC_AI_CHECKS_FIRST = (
     "go back to the model as a retry prompt"
 )
 SDK_FAILS_THE_RUN = "the Agents SDK fails the run on a tool the agent lacks (ModelBehaviorError) before the gate"
+LANGCHAIN_ANSWERS_FIRST = (
+    "LangChain answers a call of a tool the agent lacks itself (an error tool message naming the tools it "
+    "has); the middleware gates the agent's Countersign tools only"
+)
 
 
 @dataclass(frozen=True)
 class Case:
     """One call and how it should end. `args` builds the arguments from the case's two fresh orders
     (the first is the one a plan names); `plan` asks a plan first ("ask" or "refuse": its deviation rule);
-    `decide` is what the approver does with each request email after the plan's. `pydantic_ai` and
-    `openai_agents`: why that adapter cannot express the case (None: it runs it too)."""
+    `decide` is what the approver does with each request email after the plan's. `pydantic_ai`,
+    `openai_agents` and `langchain`: why that adapter cannot express the case (None: it runs it too)."""
 
     name: str
     tool: str
@@ -55,9 +59,10 @@ class Case:
     """(index, kind): an audit entry that ends the case's trails (waited for before they are compared)."""
     pydantic_ai: str | None = None
     openai_agents: str | None = None
+    langchain: str | None = None
 
     def paths(self) -> list[Path_]:
-        adapters: list[Path_] = [p for p in ("pydantic_ai", "openai_agents") if getattr(self, p) is None]
+        adapters: list[Path_] = [p for p in ("pydantic_ai", "openai_agents", "langchain") if getattr(self, p) is None]
         return ["agent", "gated_call", *adapters]
 
 
@@ -75,6 +80,7 @@ CASES = [
         0,
         pydantic_ai=PYDANTIC_AI_CHECKS_FIRST,
         openai_agents=SDK_FAILS_THE_RUN,
+        langchain=LANGCHAIN_ANSWERS_FIRST,
     ),
     Case(
         "invalid arguments",
@@ -120,6 +126,7 @@ CASES = [
         plan="ask",
         pydantic_ai=NO_PLAN,
         openai_agents=NO_PLAN,
+        langchain=NO_PLAN,
         settles=(PLAN_DECIDED, (0, "executed")),
     ),
     Case(
@@ -131,6 +138,7 @@ CASES = [
         plan="refuse",
         pydantic_ai=NO_PLAN,
         openai_agents=NO_PLAN,
+        langchain=NO_PLAN,
         deviation=True,
         settles=(PLAN_DECIDED,),
     ),
@@ -143,6 +151,7 @@ CASES = [
         plan="ask",
         pydantic_ai=NO_PLAN,
         openai_agents=NO_PLAN,
+        langchain=NO_PLAN,
         decide=("approve",),
         deviation=True,
         settles=(PLAN_DECIDED, (1, "outcome")),
@@ -286,11 +295,27 @@ def through_openai_agents(stack: Stack, run_id: str, case: Case, args: dict[str,
     return {"outcome": outcome, "result": {"error": rest}}
 
 
+LANGCHAIN_DENIALS = OPENAI_AGENTS_DENIALS
+
+
+def through_langchain(stack: Stack, run_id: str, case: Case, args: dict[str, Any], planned: int) -> dict[str, Any]:
+    text, output = through_an_adapter("LangChainGatePath", stack, run_id, case, args)
+    record: dict[str, Any]
+    [record] = output["actions"]  # the gate's record, carried by the tool message the model read
+    outcome, _ = heard(text, LANGCHAIN_DENIALS)
+    if outcome is None:  # it ran: the model holds the tool's result
+        assert json.loads(text)["order_id"] == args["order_id"], text
+        outcome = record["outcome"]
+    assert record["outcome"] == outcome, (record, text)
+    return record
+
+
 PATHS: dict[Path_, Callable[[Stack, str, Case, dict[str, Any], int], dict[str, Any]]] = {
     "agent": through_the_agent,
     "gated_call": through_gated_call,
     "pydantic_ai": through_pydantic_ai,
     "openai_agents": through_openai_agents,
+    "langchain": through_langchain,
 }
 
 

@@ -1,11 +1,13 @@
 """A user's own code for tests/test_gate_path.py, served beside Countersign with
 COUNTERSIGN_SERVICES=tests.support.gate_path:served and COUNTERSIGN_TOOLS=tests.support.gate_path:TOOLS.
 
-Three ways a user reaches the gate: `GatePath.call` calls `gated_call` (after `request_plan_approval`
+The ways a user reaches the gate: `GatePath.call` calls `gated_call` (after `request_plan_approval`
 when the case has a plan); `PydanticGatePath.run` runs a Pydantic AI agent (RestateAgent, with
 `CountersignToolset` and the `Countersign` capability); `OpenAIGatePath.run` runs an OpenAI Agents SDK
-agent (`countersign_tool`, `run_gated`). Both agents' models are the frameworks' own OpenAI clients,
-named after the run (OPENAI_BASE_URL points them at the test's fake server, which scripts each run).
+agent (`countersign_tool`, `run_gated`); `LangChainGatePath.run` runs a LangChain `create_agent` agent
+(`countersign_tools`, RestateMiddleware then CountersignMiddleware). The agents' models are the
+frameworks' own OpenAI clients, named after the run (OPENAI_BASE_URL points them at the test's fake
+server, which scripts each run).
 """
 
 from __future__ import annotations
@@ -16,12 +18,22 @@ import restate
 from agents import Agent as SdkAgent
 from agents import RunConfig
 from agents.models.multi_provider import MultiProvider
+from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware
+from langchain.chat_models import init_chat_model
 from pydantic import BaseModel
 from pydantic_ai import Agent
 from pydantic_ai.models import infer_model
+from restate.ext.langchain import RestateMiddleware
 from restate.ext.pydantic import RestateAgent
 
 from countersign import Tool, ToolPolicy, gated_call, request_plan_approval
+from countersign.integrations.langchain import (
+    CountersignContext,
+    CountersignMiddleware,
+    countersign_actions,
+    countersign_tools,
+)
 from countersign.integrations.openai_agents import countersign_tool, run_gated
 from countersign.integrations.pydantic_ai import Countersign, CountersignToolset
 from handlers.demo.tools import DEMO_TOOLS, IssueRefundArgs, issue_refund
@@ -91,7 +103,25 @@ async def openai_run(ctx: restate.Context, task: AgentTask) -> dict[str, Any]:
     return {"answer": str(result.final_output)}
 
 
-served = [path, pydantic_path, openai_path]
+langchain_path = restate.Service("LangChainGatePath")
+
+
+@langchain_path.handler(name="run")
+async def langchain_run(ctx: restate.Context, task: AgentTask) -> dict[str, Any]:
+    middleware: list[AgentMiddleware[Any, Any]] = [RestateMiddleware(), CountersignMiddleware()]
+    agent = create_agent(
+        init_chat_model(f"openai:{task.run_id}"),
+        tools=countersign_tools(OFFERED),
+        middleware=middleware,
+        context_schema=CountersignContext,
+    )
+    who = CountersignContext(requester=REQUESTER, run_id=task.run_id, goal=GOAL)
+    state = await agent.ainvoke({"messages": [{"role": "user", "content": GOAL}]}, context=who)
+    actions = [a.model_dump(mode="json") for a in countersign_actions(state["messages"])]
+    return {"actions": actions, "answer": state["messages"][-1].text}
+
+
+served = [path, pydantic_path, openai_path, langchain_path]
 
 # A refund whose approvers come from a callable that names nobody: its policy cannot be resolved.
 TOOLS = [
