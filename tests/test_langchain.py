@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 from fakes import openai_server as oai
 from fakes.fixtures import running
-from fakes.provider import JsonObject, Reply
+from support import refund_desk as desk
 from support.approver import form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import REPO, IsolatedStack, StackFactory, wait_until
+from support.refund_desk import WHY, desk_env, finish, refund_args, told
 
 from countersign.contract import ActionRecord, Outcome
 from countersign.integrations.langchain import (
@@ -30,7 +31,8 @@ from countersign.integrations.langchain import (
     countersign_tools,
 )
 
-WHY = "The parcel arrived broken."
+SERVICES = "examples.langchain_agent.agent:services,tests.support.langchain_wiring:served"
+"""The example, and the miswired agents beside it."""
 
 
 @pytest.fixture()
@@ -41,53 +43,15 @@ def fake() -> Iterator[oai.OpenAIFake]:
 
 @pytest.fixture()
 def stack(isolated_stack: StackFactory, fake: oai.OpenAIFake, tmp_path: Path) -> IsolatedStack:
-    policy = tmp_path / "policy.toml"
-    # Refunds over $10 need a person (the code says $500); an email to a customer waits 2 s at most.
-    policy.write_text(
-        '[tools.email_customer]\ndeadline_seconds = 2\n\n[tools.issue_refund]\nwhen = "amount_usd > 10.0"\n'
-    )
     return isolated_stack(
-        app_env={
-            "COUNTERSIGN_SERVICES": "examples.langchain_agent.agent:services,tests.support.langchain_wiring:served",
-            "PYTHONPATH": str(REPO),
-            "APPROVALS_POLICY_FILE": str(policy),
-            "OPENAI_API_KEY": oai.API_KEY,
-            "OPENAI_BASE_URL": fake.base_url,
-        }
+        app_env=desk_env(
+            fake, tmp_path, "examples.langchain_agent.agent:services,tests.support.langchain_wiring:served"
+        )
     )
-
-
-def echo_tool_results(model: str) -> Any:
-    """The model's last reply: it repeats what its tool calls returned, so the answer shows it too."""
-
-    def reply(body: JsonObject) -> Reply:
-        return oai.answer(model, " | ".join(str(m["content"]) for m in oai.tool_messages(body)))
-
-    return reply
 
 
 def start(stack: IsolatedStack, fake: oai.OpenAIFake, run_id: str, *calls: tuple[str, dict[str, Any]]) -> str:
-    """Script one turn of tool calls then the answer, and start the agent on `run_id` (its model is
-    named after the run, so each test has its own script)."""
-    fake.script(run_id, oai.tool_calls(run_id, *calls, text=WHY), echo_tool_results(run_id))
-    task = {"run_id": run_id, "task": "Refund the broken order.", "requester": "alice@example.com"}
-    return stack.ingress.send("LangChainRefunds", None, "run", {**task, "model": f"openai:{run_id}"})
-
-
-def told(fake: oai.OpenAIFake, model: str) -> list[str]:
-    """The tool results the model was sent, in order (from the last request, which carries them all)."""
-    return [str(m["content"]) for m in oai.tool_messages(fake.seen(model)[-1].body)]
-
-
-def finish(stack: IsolatedStack, invocation: str) -> dict[str, Any]:
-    done = stack.ingress.wait_invocation(invocation, timeout=60)
-    assert done.status_code == 200, done.text
-    output: dict[str, Any] = done.json()
-    return output
-
-
-def refund_args(order: int, amount: str) -> dict[str, Any]:
-    return {"order_id": order, "amount_usd": amount, "reason": "damaged"}
+    return desk.start(stack, fake, "LangChainRefunds", None, run_id, *calls)
 
 
 def test_an_approved_refund_runs_once_and_the_model_hears_its_result(

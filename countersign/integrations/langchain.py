@@ -63,6 +63,7 @@ from restate.extensions import current_context
 from countersign.approval.calls import gated_call
 from countersign.contract import ActionRecord, Outcome
 from countersign.integrations._messages import RAN, denial_message
+from countersign.integrations._tools import loaded_tools
 from countersign.tools import default_registry
 from countersign.tools.registry import Tool
 
@@ -117,15 +118,7 @@ def countersign_tools(tools: Sequence[str | Tool] | None = None) -> list[BaseToo
     """Countersign tools as LangChain tools, to pass to `create_agent(tools=...)`: `tools` names them
     (or gives them; default: every loaded tool). Only `CountersignMiddleware` answers their calls; the
     tools themselves refuse to run, so a call can never reach an effect around the gate."""
-    registry = default_registry()
-    names = registry.names() if tools is None else [t if isinstance(t, str) else t.name for t in tools]
-    missing = [name for name in names if registry.get(name) is None]
-    if missing:
-        raise ValueError(
-            f"countersign_tools: {', '.join(missing)} not among the loaded tools ({', '.join(registry.names())}); "
-            "load them with COUNTERSIGN_TOOLS"
-        )
-    return [_as_langchain(tool) for name in names if (tool := registry.get(name)) is not None]
+    return [_as_langchain(tool) for tool in loaded_tools(tools, "countersign_tools")]
 
 
 def _as_langchain(tool: Tool) -> BaseTool:
