@@ -48,6 +48,7 @@ BOTH_PROTOCOLS = frozenset(
         "test_own_tools",
         "test_openai_agents",
         "test_langchain",
+        "test_adk",
         "test_pydantic_ai",
         "test_serverless",
         "test_webhooks",
