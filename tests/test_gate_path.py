@@ -1,8 +1,9 @@
 """One gate path: the same calls, through AgentRun (a scripted model), through `gated_call` from a
 user's own Restate Service and through the framework adapters (a Pydantic AI agent, an OpenAI Agents
-SDK agent and a LangChain agent, their models the frameworks' own OpenAI clients talking to the fake server), end the
-same way: the same outcome, the same audit entry kinds and the same number of refunds in the demo
-database, against the real restate-server, app and outbox. The user's code is tests/support/gate_path."""
+SDK agent, a LangChain agent and a Google ADK agent, their models the frameworks' own OpenAI clients
+talking to the fake server), end the same way: the same outcome, the same audit entry kinds and the
+same number of refunds in the demo database, against the real restate-server, app and outbox. The
+user's code is tests/support/gate_path."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from countersign.agent.turn import PolicyAnswer, _recalled
 from countersign.approval import routing
 from countersign.llm.base import ToolCall
 
-Path_ = Literal["agent", "gated_call", "pydantic_ai", "openai_agents", "langchain"]
+Path_ = Literal["agent", "gated_call", "pydantic_ai", "openai_agents", "langchain", "adk"]
 
 # Why an adapter cannot express a case (the table's adapter columns; None: it runs the case).
 NO_PLAN = "no plan: the adapter asks request_approval / gated_call without one, and its API takes none"
@@ -38,6 +39,9 @@ LANGCHAIN_ANSWERS_FIRST = (
     "LangChain answers a call of a tool the agent lacks itself (an error tool message naming the tools it "
     "has); the middleware gates the agent's Countersign tools only"
 )
+ADK_FAILS_THE_RUN = (
+    "ADK fails the run on a call of a tool the agent lacks (ValueError: Tool not found) before any plugin"
+)
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class Case:
     """One call and how it should end. `args` builds the arguments from the case's two fresh orders
     (the first is the one a plan names); `plan` asks a plan first ("ask" or "refuse": its deviation rule);
     `decide` is what the approver does with each request email after the plan's. `pydantic_ai`,
-    `openai_agents` and `langchain`: why that adapter cannot express the case (None: it runs it too)."""
+    `openai_agents`, `langchain` and `adk`: why that adapter cannot express the case (None: it runs it too)."""
 
     name: str
     tool: str
@@ -60,9 +64,12 @@ class Case:
     pydantic_ai: str | None = None
     openai_agents: str | None = None
     langchain: str | None = None
+    adk: str | None = None
 
     def paths(self) -> list[Path_]:
-        adapters: list[Path_] = [p for p in ("pydantic_ai", "openai_agents", "langchain") if getattr(self, p) is None]
+        adapters: list[Path_] = [
+            p for p in ("pydantic_ai", "openai_agents", "langchain", "adk") if getattr(self, p) is None
+        ]
         return ["agent", "gated_call", *adapters]
 
 
@@ -81,6 +88,7 @@ CASES = [
         pydantic_ai=PYDANTIC_AI_CHECKS_FIRST,
         openai_agents=SDK_FAILS_THE_RUN,
         langchain=LANGCHAIN_ANSWERS_FIRST,
+        adk=ADK_FAILS_THE_RUN,
     ),
     Case(
         "invalid arguments",
@@ -127,6 +135,7 @@ CASES = [
         pydantic_ai=NO_PLAN,
         openai_agents=NO_PLAN,
         langchain=NO_PLAN,
+        adk=NO_PLAN,
         settles=(PLAN_DECIDED, (0, "executed")),
     ),
     Case(
@@ -139,6 +148,7 @@ CASES = [
         pydantic_ai=NO_PLAN,
         openai_agents=NO_PLAN,
         langchain=NO_PLAN,
+        adk=NO_PLAN,
         deviation=True,
         settles=(PLAN_DECIDED,),
     ),
@@ -152,6 +162,7 @@ CASES = [
         pydantic_ai=NO_PLAN,
         openai_agents=NO_PLAN,
         langchain=NO_PLAN,
+        adk=NO_PLAN,
         decide=("approve",),
         deviation=True,
         settles=(PLAN_DECIDED, (1, "outcome")),
@@ -243,12 +254,12 @@ def told(stack: Stack, run_id: str) -> str:
 
 
 def through_an_adapter(
-    service: str, stack: Stack, run_id: str, case: Case, args: dict[str, Any]
+    service: str, stack: Stack, run_id: str, case: Case, args: dict[str, Any], key: str | None = None
 ) -> tuple[str, dict[str, Any]]:
     """The model (named after the run) proposes the case's call, then answers. Returns what the model
     was told of the call, and what the user's handler returned."""
     stack.model.script(run_id, oai.tool_calls(run_id, (case.tool, args), text=WHY), oai.answer(run_id, "Done."))
-    invocation = stack.ingress.send(service, None, "run", {"run_id": run_id})
+    invocation = stack.ingress.send(service, key, "run", {"run_id": run_id})
     decide(stack, run_id, case)
     done = stack.ingress.wait_invocation(invocation, timeout=60)
     assert done.status_code == 200, done.text
@@ -295,16 +306,31 @@ def through_openai_agents(stack: Stack, run_id: str, case: Case, args: dict[str,
     return {"outcome": outcome, "result": {"error": rest}}
 
 
-LANGCHAIN_DENIALS = OPENAI_AGENTS_DENIALS
+TEXT_DENIALS = OPENAI_AGENTS_DENIALS
+"""LangChain's and ADK's adapters tell the model of a denial in the gate's own words (the Agents SDK
+adapter's openings too)."""
 
 
 def through_langchain(stack: Stack, run_id: str, case: Case, args: dict[str, Any], planned: int) -> dict[str, Any]:
     text, output = through_an_adapter("LangChainGatePath", stack, run_id, case, args)
     record: dict[str, Any]
     [record] = output["actions"]  # the gate's record, carried by the tool message the model read
-    outcome, _ = heard(text, LANGCHAIN_DENIALS)
+    outcome, _ = heard(text, TEXT_DENIALS)
     if outcome is None:  # it ran: the model holds the tool's result
         assert json.loads(text)["order_id"] == args["order_id"], text
+        outcome = record["outcome"]
+    assert record["outcome"] == outcome, (record, text)
+    return record
+
+
+def through_adk(stack: Stack, run_id: str, case: Case, args: dict[str, Any], planned: int) -> dict[str, Any]:
+    text, output = through_an_adapter("AdkGatePath", stack, run_id, case, args, key=run_id)
+    record: dict[str, Any]
+    [record] = output["actions"]
+    response = json.loads(text)  # ADK hands the model the tool's response dict as JSON
+    outcome, _ = heard(response["error"], TEXT_DENIALS) if "error" in response else (None, "")
+    if outcome is None:  # it ran: the model holds the tool's result
+        assert response["order_id"] == args["order_id"], text
         outcome = record["outcome"]
     assert record["outcome"] == outcome, (record, text)
     return record
@@ -316,6 +342,7 @@ PATHS: dict[Path_, Callable[[Stack, str, Case, dict[str, Any], int], dict[str, A
     "pydantic_ai": through_pydantic_ai,
     "openai_agents": through_openai_agents,
     "langchain": through_langchain,
+    "adk": through_adk,
 }
 
 

@@ -5,7 +5,9 @@ The ways a user reaches the gate: `GatePath.call` calls `gated_call` (after `req
 when the case has a plan); `PydanticGatePath.run` runs a Pydantic AI agent (RestateAgent, with
 `CountersignToolset` and the `Countersign` capability); `OpenAIGatePath.run` runs an OpenAI Agents SDK
 agent (`countersign_tool`, `run_gated`); `LangChainGatePath.run` runs a LangChain `create_agent` agent
-(`countersign_tools`, RestateMiddleware then CountersignMiddleware). The agents' models are the
+(`countersign_tools`, RestateMiddleware then CountersignMiddleware); `AdkGatePath.run` (a Virtual
+Object, for RestateSessionService) runs a Google ADK `LlmAgent` (`countersign_tools`, RestatePlugin then
+CountersignPlugin, `run_gated`). The agents' models are the
 frameworks' own OpenAI clients, named after the run (OPENAI_BASE_URL points them at the test's fake
 server, which scripts each run).
 """
@@ -18,16 +20,23 @@ import restate
 from agents import Agent as SdkAgent
 from agents import RunConfig
 from agents.models.multi_provider import MultiProvider
+from google.adk.agents import LlmAgent
+from google.adk.apps import App
+from google.adk.labs.openai import OpenAILlm
+from google.adk.runners import Runner
+from google.genai import types
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
 from langchain.chat_models import init_chat_model
 from pydantic import BaseModel
 from pydantic_ai import Agent
 from pydantic_ai.models import infer_model
+from restate.ext.adk import RestatePlugin, RestateSessionService
 from restate.ext.langchain import RestateMiddleware
 from restate.ext.pydantic import RestateAgent
 
 from countersign import Tool, ToolPolicy, gated_call, request_plan_approval
+from countersign.integrations import adk
 from countersign.integrations.langchain import (
     CountersignContext,
     CountersignMiddleware,
@@ -121,7 +130,26 @@ async def langchain_run(ctx: restate.Context, task: AgentTask) -> dict[str, Any]
     return {"actions": actions, "answer": state["messages"][-1].text}
 
 
-served = [path, pydantic_path, openai_path, langchain_path]
+adk_path = restate.VirtualObject("AdkGatePath")
+
+
+@adk_path.handler(name="run")
+async def adk_run(ctx: restate.ObjectContext, task: AgentTask) -> dict[str, Any]:
+    agent = LlmAgent(name="gate_path", model=OpenAILlm(model=task.run_id), tools=[*adk.countersign_tools(OFFERED)])
+    app = App(name="gate_path", root_agent=agent, plugins=[RestatePlugin(), adk.CountersignPlugin()])
+    runner = Runner(app=app, session_service=RestateSessionService())
+    message = types.Content(role="user", parts=[types.Part.from_text(text=GOAL)])
+    answer = ""
+    async for event in adk.run_gated(
+        runner, requester=REQUESTER, run_id=task.run_id, user_id=ctx.key(), session_id=task.run_id, new_message=message
+    ):
+        if event.is_final_response() and event.content and event.content.parts:
+            answer = "".join(p.text or "" for p in event.content.parts)
+    actions = [a.model_dump(mode="json") for a in adk.countersign_actions(ctx, task.run_id)]
+    return {"actions": actions, "answer": answer}
+
+
+served = [path, pydantic_path, openai_path, langchain_path, adk_path]
 
 # A refund whose approvers come from a callable that names nobody: its policy cannot be resolved.
 TOOLS = [
