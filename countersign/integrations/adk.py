@@ -4,9 +4,9 @@
     from google.adk.apps import App
     from google.adk.runners import Runner
     from restate.ext.adk import RestatePlugin, RestateSessionService
-    from countersign.integrations.adk import CountersignPlugin, countersign_tools
+    from countersign.integrations.adk import CountersignPlugin, countersign_actions, countersign_tools, run_gated
 
-    agent = LlmAgent(name="refunds", model="gemini-2.5-flash", tools=countersign_tools(["issue_refund"]))
+    agent = LlmAgent(name="refunds", model="gemini-2.5-flash", tools=[*countersign_tools(["issue_refund"])])
     app = App(name="refunds", root_agent=agent, plugins=[RestatePlugin(), CountersignPlugin()])
     runner = Runner(app=app, session_service=RestateSessionService())
 
