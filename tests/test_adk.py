@@ -56,6 +56,7 @@ def test_an_approved_refund_runs_once_and_the_model_hears_its_result(
     )
     [mail] = wait_for_email(stack.outbox_dir, run_id)
     assert "Refund $800.00 to order" in mail.text and WHY in mail.text, "the model's words are the why"
+    assert "An agent working for" in mail.text and "Why (the agent's words):" in mail.text  # the adapter asks
     assert refunds_for(stack.db_path, run_id) == [], "nothing runs before the approval"
     assert submit(mail.link, "approve").status_code == 200
 

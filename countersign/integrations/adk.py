@@ -208,6 +208,7 @@ class CountersignPlugin(BasePlugin):
             goal=facts.goal or _text(tool_context.user_content),
             run_id=run_id,
             trail=trail,
+            asked_by="agent",
         )
         trail.append(record)
         return _response(record)

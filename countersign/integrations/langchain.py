@@ -205,6 +205,7 @@ class CountersignMiddleware(AgentMiddleware[AgentState[Any], Any]):
             goal=run.goal or _first_request(_messages(request.state)),
             run_id=run.run_id,
             trail=trail,
+            asked_by="agent",
         )
         trail.append(record)
         return self._message(call, record)
