@@ -10,7 +10,7 @@ A run stored whole under `run` by an earlier release still reads.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -179,3 +179,32 @@ def assemble(values: dict[str, bytes]) -> RunState | None:
 def _assembled(header: RunHeader, approvals: dict[str, ApprovalRecord], actions: Iterable[ActionRecord]) -> RunState:
     facts: dict[str, Any] = header.model_dump(include=_FACTS)
     return RunState(**facts, approvals=approvals, actions=list(actions))
+
+
+RUN_STATES_QUERY = (
+    "SELECT service_name, service_key, key, value_utf8 FROM state"
+    " WHERE service_name IN ('AgentRun', 'Approval') AND (key = 'run' OR key LIKE 'approval:%')"
+)
+"""The admin SQL query whose rows `runs_of` reads: every run's and every approval's stored state."""
+
+
+def runs_of(rows: Iterable[dict[str, Any]], opened: Callable[[bytes], bytes]) -> list[RunState]:
+    """Every run with its approvals, from the rows of RUN_STATES_QUERY (values opened with `opened`,
+    which undoes journal encryption). An approval's own workflow (`Approval`) holds its live record;
+    a run made by `AgentRun` holds the frozen one until it has called that workflow and the decided
+    one once it returns, so the approval's copy wins. ValueError for state this version cannot read."""
+    values: dict[tuple[str, str], dict[str, bytes]] = {}
+    for row in rows:
+        if row.get("value_utf8"):
+            where = (row["service_name"], row["service_key"])
+            values.setdefault(where, {})[row["key"]] = opened(row["value_utf8"].encode())
+    runs: dict[str, RunState] = {}
+    for (service, _), stored in sorted(values.items(), key=lambda item: item[0][0] == "Approval"):
+        found = assemble(stored)
+        if found is None:
+            continue
+        if found.run_id in runs and service == "Approval":
+            runs[found.run_id].approvals.update(found.approvals)
+        else:
+            runs.setdefault(found.run_id, found)
+    return list(runs.values())

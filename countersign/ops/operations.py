@@ -23,7 +23,7 @@ from typing import Any, Literal
 import httpx
 import restate
 
-from countersign.approval.run_state import RunState, assemble
+from countersign.approval.run_state import RUN_STATES_QUERY, RunState, runs_of
 from countersign.contract import EMAIL_PATTERN, CancelRequest, ReassignRequest
 from countersign.exceptions import CountersignError
 from countersign.objects.audit import AuditLog, ChainedEntry, verify
@@ -36,10 +36,6 @@ from countersign.tools.registry import Tool, load_tools
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_RUN_STATES = (
-    "SELECT service_name, service_key, key, value_utf8 FROM state"
-    " WHERE service_name IN ('AgentRun', 'Approval') AND (key = 'run' OR key LIKE 'approval:%')"
-)
 
 
 class OperationError(Exception):
@@ -98,28 +94,12 @@ class Operations:
             raise OperationError(f"{what} answered something that is not JSON") from None
 
     def runs(self) -> list[RunState]:
-        """Every run with its approvals (without its actions, which no operator command reads here).
-        An approval's own workflow (`Approval`) holds its live record; a run made by `AgentRun` holds
-        the frozen one until it has called that workflow and the decided one once it returns, so the
-        approval's copy wins."""
-        values: dict[tuple[str, str], dict[str, bytes]] = {}
-        for row in self._sql(_RUN_STATES):
-            if row.get("value_utf8"):
-                where = (row["service_name"], row["service_key"])
-                values.setdefault(where, {})[row["key"]] = self._opened(row["value_utf8"].encode(), "run state")
-        runs: dict[str, RunState] = {}
-        for (service, _), stored in sorted(values.items(), key=lambda item: item[0][0] == "Approval"):
-            try:
-                found = assemble(stored)
-            except ValueError as exc:  # pydantic's ValidationError: state this version cannot read
-                raise OperationError(f"run state unreadable: {str(exc).splitlines()[0]}") from None
-            if found is None:
-                continue
-            if found.run_id in runs and service == "Approval":
-                runs[found.run_id].approvals.update(found.approvals)
-            else:
-                runs.setdefault(found.run_id, found)
-        return list(runs.values())
+        """Every run with its approvals (without its actions, which no operator command reads here)."""
+        rows = self._sql(RUN_STATES_QUERY)
+        try:
+            return runs_of(rows, lambda value: self._opened(value, "run state"))
+        except ValueError as exc:  # pydantic's ValidationError: state this version cannot read
+            raise OperationError(f"run state unreadable: {str(exc).splitlines()[0]}") from None
 
     def _opened(self, value: bytes, what: str) -> bytes:
         """A value as stored or answered: sealed when the journal is encrypted (see countersign.security.codec)."""
