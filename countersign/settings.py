@@ -363,6 +363,41 @@ class Settings(BaseSettings):
     countersign_webhook_timeout_seconds: float = Field(
         default=10.0, gt=0, le=60, description="One webhook POST (at most 60)."
     )
+    # Observability (countersign/observability/): the metrics listener, the log format, and the
+    # standard OpenTelemetry variables that switch traces on (the SDK reads the rest of OTEL_* itself).
+    countersign_metrics_bind: str | None = Field(
+        default=None,
+        pattern=r"^[\w.\[\]:-]+:\d{1,5}$",
+        description="HOST:PORT of a listener of its own serving Prometheus metrics on GET /metrics "
+        "(never the pages' listener); unset: no metrics listener.",
+    )
+    countersign_metrics_cache_seconds: float = Field(
+        default=15.0,
+        ge=0,
+        le=600,
+        description="How long the approvals-waiting figures read from Restate's durable state are reused "
+        "between scrapes (each read is one admin SQL query).",
+    )
+    countersign_log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="`json`: one JSON object per log line (time, level, logger, message, invocation_id, "
+        "approval_id); `text`: plain lines, the ids appended.",
+    )
+    otel_exporter_otlp_endpoint: str | None = Field(
+        default=None,
+        description="OpenTelemetry's standard OTLP/HTTP base URL (spans go to <it>/v1/traces); set, it "
+        "switches traces on. Needs the `tracing` extra.",
+    )
+    otel_exporter_otlp_traces_endpoint: str | None = Field(
+        default=None,
+        description="OpenTelemetry's standard OTLP/HTTP URL for spans (used as is); set, it switches traces on.",
+    )
+    otel_service_name: str = Field(
+        default="countersign", min_length=1, description="The service.name of the spans this process exports."
+    )
+    otel_sdk_disabled: bool = Field(
+        default=False, description="OpenTelemetry's standard switch: true turns traces off whatever else is set."
+    )
 
     @field_validator("approvals_signing_keys", mode="before")
     @classmethod
@@ -452,6 +487,15 @@ class Settings(BaseSettings):
         if url is not None and not url.startswith(("http://", "https://")):
             raise ValueError("must be an http(s) URL")
         return url
+
+    @field_validator("otel_exporter_otlp_endpoint", "otel_exporter_otlp_traces_endpoint", mode="before")
+    @classmethod
+    def _otlp_url(cls, raw: object) -> object:
+        if isinstance(raw, str) and not raw.strip():
+            return None
+        if isinstance(raw, str) and not raw.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s) URL (traces go over OTLP/HTTP)")
+        return raw
 
     @field_validator("approvals_public_url", "restate_ingress_url", "restate_admin_url", "resend_api_url")
     @classmethod

@@ -188,7 +188,9 @@ def private_stacks(tmp_path: Path) -> Iterator[StackFactory]:
             outbox.mkdir(parents=True)
             db_path = root / "business.db"
             env = {
-                **make_app_env(ingress_url=restate.ingress_url, outbox_dir=outbox, db_path=db_path),
+                **make_app_env(
+                    ingress_url=restate.ingress_url, outbox_dir=outbox, db_path=db_path, admin_url=restate.admin_url
+                ),
                 **(app_env or {}),
             }
             app = start_registered_app(restate, env=env, log_path=root / "app.log", http1=http1)

@@ -61,6 +61,7 @@ from countersign.llm.base import (
 from countersign.llm.planning import SUBMIT_PLAN, PlanReply
 from countersign.llm.prompt import EMPTY_REPLY
 from countersign.objects.delivery import DeliveryFailure
+from countersign.observability import metrics, tracing
 from countersign.security import links
 from countersign.security.links import LinkInvalid
 from countersign.security.redact import clean_failures
@@ -144,20 +145,21 @@ async def _agent_loop(ctx: WorkflowContext, task: AgentTask, book: RunBook) -> R
         # Asked before the model turn and answered alongside it: no round trip of its own.
         cancel_asked = cancel.peek()
         try:
-            taken = await ctx.run_typed(
-                f"model turn {turn}",
-                turn_step,
-                model_retries(),
-                run_id=book.state.run_id,
-                base=len(book.state.actions),
-                planned=plan is not None,
-                model_id=model_id,
-                task=task,
-                transcript=transcript,
-                planning=not planned,
-                results=results_of(book.state.actions),
-                last_gated=last_gated(book),
-            )
+            with tracing.step("model turn", run_id=book.state.run_id, tenant=task.tenant):
+                taken = await ctx.run_typed(
+                    f"model turn {turn}",
+                    turn_step,
+                    model_retries(),
+                    run_id=book.state.run_id,
+                    base=len(book.state.actions),
+                    planned=plan is not None,
+                    model_id=model_id,
+                    task=task,
+                    transcript=transcript,
+                    planning=not planned,
+                    results=results_of(book.state.actions),
+                    last_gated=last_gated(book),
+                )
             book.state.webhooks = taken.webhooks
         except TerminalError as exc:
             if is_cancellation(exc):
@@ -306,6 +308,7 @@ def _finish(book: RunBook, status: str, answer: str) -> RunResult:
     )
     if book.state.webhooks:
         events.run_finished(book.ctx, book.state.tenant, result)
+    metrics.record_run_finished(status)
     return result
 
 

@@ -21,6 +21,7 @@ from countersign.approval.trail import trail_of
 from countersign.approval.waiting import Waiter, notify_batch
 from countersign.approval.workflow import ApprovalRequest
 from countersign.approval.workflow import run as approval_run
+from countersign.observability import metrics
 from countersign.tools import default_registry
 from countersign.tools.context import ActionContext, read_context
 from countersign.tools.policy import PolicyVerdict
@@ -32,6 +33,7 @@ async def ask_people(book: RunBook, waiters: list[Waiter]) -> list[int]:
     The caller then starts each approval's workflow with that count, and the workflow only waits."""
     for waiter in waiters:
         ledger.requested(book, waiter.record)
+        metrics.record_requested(waiter.record.tool, waiter.record.tenant, waiter.channels())
     if len(waiters) > 1:
         sent = await notify_batch(book, waiters)
         delivered = [sent[i] for i in range(len(waiters))]

@@ -49,6 +49,7 @@ from countersign.contract import (
     TrailStep,
     clipped,
 )
+from countersign.observability import tracing
 from countersign.security import links
 from countersign.tools import default_registry
 from countersign.tools.checkpoints import results_of
@@ -187,20 +188,21 @@ async def _open(
     if (shape := not_a_mapping(args)) is not None:  # e.g. a list: an answer of its own, no step
         return where, at, name, _Asked(**dict(shape))
     earlier = results_of(results) if isinstance(results, Sequence) else dict(results or {})
-    asked = await ctx.run_typed(
-        f"ask policy {name} #{at}",
-        _ask_and_read,
-        _POLICY_STEP,
-        tool_name=name,
-        raw=dict(args),
-        requester=requester,
-        tenant=tenant,
-        run_id=where,
-        index=at,
-        confidence=confidence,
-        results=earlier,
-        facts=facts,
-    )
+    with tracing.step("policy", tool=name, run_id=where, tenant=tenant):
+        asked = await ctx.run_typed(
+            f"ask policy {name} #{at}",
+            _ask_and_read,
+            _POLICY_STEP,
+            tool_name=name,
+            raw=dict(args),
+            requester=requester,
+            tenant=tenant,
+            run_id=where,
+            index=at,
+            confidence=confidence,
+            results=earlier,
+            facts=facts,
+        )
     return where, at, name, asked
 
 

@@ -25,6 +25,7 @@ from countersign.approval.waiting import Waiter, send_step, wait_all
 from countersign.contract import ActionRecord, ApprovalRecord, ApprovalState, Outcome, TrailStep
 from countersign.events import emit as events
 from countersign.mail.outcome_email import NoticeOutcome, send_outcome_notice
+from countersign.observability import metrics, tracing
 from countersign.security import links
 from countersign.tools import default_registry
 from countersign.tools.context import ActionContext
@@ -146,7 +147,9 @@ async def decide_and_act(
     waiter = Waiter(book, record, verdict.policy)
     if delivered is None:
         ledger.requested(book, record)
+        metrics.record_requested(record.tool, record.tenant, waiter.channels())
     [final] = await wait_all(book, [waiter], "request", delivered=None if delivered is None else [delivered])
+    _observe_decision(record, final, since=record.requested_at)
     tool = default_registry().get(record.tool)
     if tool is None and final.kind == "approve" and record.kind != "plan":  # the tool set changed meanwhile
         result = _finish(book, waiter, final, failure=f"tool {record.tool!r} is no longer loaded; nothing ran")
@@ -227,8 +230,19 @@ async def _act(book: RunBook, tool: Tool, waiter: Waiter, final: Verdict, *, may
         record.deadline = opening.now + policy.deadline_seconds
         waiter.start_round(opening.nonce, opening.now, note=change)
         ledger.requested(book, record)
+        metrics.record_requested(record.tool, record.tenant, waiter.channels())
         [final] = await wait_all(book, [waiter], "reapproval")
+        _observe_decision(record, final, since=opening.now)
     raise AssertionError("unreachable: the last attempt always returns")
+
+
+def _observe_decision(record: ApprovalRecord, final: Verdict, since: float) -> None:
+    """Count (and trace, as a span from the request to the decision) how a wait ended; nothing when
+    this is a replay of a wait an earlier attempt saw end."""
+    state = state_of(final)
+    metrics.record_decided(record.tool, state, final.source, final.at - since)
+    values = {"tool": record.tool, "approval_id": record.approval_id, "run_id": record.run_id, "tenant": record.tenant}
+    tracing.since("decision", since, verdict=state, source=final.source, **values)
 
 
 def _report(book: RunBook, waiter: Waiter, final: Verdict) -> GateResult:

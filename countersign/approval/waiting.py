@@ -36,6 +36,7 @@ from countersign.errors import is_already_completed, is_cancellation
 from countersign.mail.approval_email import MailKind, idempotency_key, send_batch_request
 from countersign.mail.message import SendReceipt
 from countersign.mail.receipt_email import send_decision_receipt
+from countersign.observability import metrics
 from countersign.tools.policy import ToolPolicy
 
 
@@ -139,6 +140,7 @@ class Waiter:
             self.book.save()
             ledger.reminded(self.book, self.record, self.open_slots(), self.clock)
             await self.notify("reminder", self.open_slots())
+            metrics.record_reminder(self.record.tool)
             return None
         if event == "escalate":
             return await self._escalate()
@@ -159,6 +161,7 @@ class Waiter:
             if (final := await self.take(verdict)) is not None:
                 return await self.settle(final)
         opening = await self.ctx.run_typed(f"escalate approval #{record.index} to {successor}", open_round)
+        metrics.record_escalation(record.tool)
         previous = record.active_slots
         record.approvers.append(successor)
         record.active_slots = [len(record.approvers) - 1]
@@ -227,6 +230,10 @@ class Waiter:
             delivered += taken
         return delivered
 
+    def channels(self) -> set[str]:
+        """The channels that reach the approvers still deciding."""
+        return {c for s in self.open_slots() for c in channels_of(self.policy, self.record.approvers[s])}
+
     def request(self, kind: MailKind, slot: int, reason: str | None = None) -> ChannelRequest:
         """What goes to one slot's approver, whichever channel carries it."""
         record = self.record
@@ -280,7 +287,9 @@ async def notify_batch(book: RunBook, waiters: list[Waiter]) -> dict[int, int]:
         slots = [slot for _, slot in items]
         name = f"email batch #{first.index} to {person}"
         receipt = await send_step(book.ctx, name, send_batch_request, records, slots, book.state.goal)
-        if receipt is not None:
+        if receipt is None:
+            metrics.record_delivery_failed("email", "refused")
+        else:
             for i, slot in items:
                 ledger.emailed(book, waiters[i].record, slot, "batch", receipt.message_id, waiters[i].clock)
                 taken[i].add(slot)

@@ -23,6 +23,7 @@ from countersign.errors import is_cancellation
 from countersign.objects import bookkeeping
 from countersign.objects.audit import AuditEntry
 from countersign.objects.delivery import APPROVAL_HANDLER, APPROVAL_SERVICE, DeliveryFailure
+from countersign.observability import metrics, tracing
 
 log = logging.getLogger("countersign.slack")
 SERVICE = "SlackMessages"
@@ -98,11 +99,14 @@ async def update_message(channel: str, ts: str, text: str, blocks: list[dict[str
 @slack_messages.handler(name="post", ingress_private=True, journal_retention=retention.NO_JOURNAL)
 async def post(ctx: ObjectContext, request: SlackPost) -> None:
     r = request.request
+    ids = {"tool": r.record.tool, "approval_id": r.record.approval_id, "run_id": r.record.run_id}
     try:
-        posted = await ctx.run_typed(f"slack {r.key}", post_message, slack.SLACK_RETRIES, post=request)
+        with tracing.step(f"slack {r.kind}", channel="slack", tenant=r.record.tenant, kind=r.kind, **ids):
+            posted = await ctx.run_typed(f"slack {r.key}", post_message, slack.SLACK_RETRIES, post=request)
     except TerminalError as exc:
         if is_cancellation(exc):
             raise
+        metrics.record_delivery_failed("slack", "refused")
         log.warning("slack message for %s not posted: %s", r.record.approval_id, exc.message)
         if request.only:
             _undeliverable(ctx, r, exc.message)

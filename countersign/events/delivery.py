@@ -29,6 +29,7 @@ from standardwebhooks import Webhook
 
 from countersign import retention
 from countersign.errors import is_cancellation
+from countersign.observability import metrics
 from countersign.settings import WebhookEventType, get_settings
 
 MAX_LOG = 500
@@ -232,6 +233,8 @@ async def deliver(ctx: ObjectContext, event: WebhookEvent) -> DeliveryOutcome:
         at=await ctx.time(),
     )
     ctx.object_send(record, key=event.run_id, arg=outcome, idempotency_key=f"webhook-log/{event.id}/{endpoint}")
+    if outcome.outcome != "delivered":
+        metrics.record_webhook_failed(outcome.outcome)
     return outcome
 
 

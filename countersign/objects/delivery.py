@@ -22,6 +22,7 @@ from restate import ObjectContext, ObjectSharedContext
 
 from countersign.contract import Strict
 from countersign.mail.intent import APPROVER_KINDS, MessageKind
+from countersign.observability import metrics
 
 STATE_KEY = "log"
 APPROVAL_SERVICE = "Approval"
@@ -108,6 +109,7 @@ async def record(ctx: ObjectContext, event: DeliveryEvent) -> DeliveryAck:
             headers={"content-type": "application/json"},
         )
         forwarded = True
+        metrics.record_delivery_failed("email", failure.event.removeprefix("email."))
     ctx.set(STATE_KEY, log)
     return DeliveryAck(recorded=True, forwarded=forwarded)
 

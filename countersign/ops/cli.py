@@ -208,8 +208,8 @@ def _serve(bind: str) -> int:
     from countersign.runtime.server import listeners, serve
     from countersign.settings import get_settings
 
-    startup.configure_logging()
     settings = get_settings()
+    startup.configure_logging(settings)
     startup.check(settings)
     asyncio.run(serve(*listeners(settings, bind)))
     return 0

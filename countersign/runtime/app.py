@@ -27,6 +27,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from countersign.observability import tracing
 from countersign.runtime import h2_streams, startup
 from countersign.runtime.services import RestateService, endpoint_services
 from countersign.security.codec import journal_codec
@@ -50,9 +51,11 @@ def restate_endpoint(
     """Countersign's services, those named by COUNTERSIGN_SERVICES, then `services`; all of them under
     the same request identity keys and journal codec, serving the process's tools (`tools`, when
     given, become them: `countersign.tools.use_tools`). hypercorn, in this process, then schedules its
-    HTTP/2 streams with `h2_streams` (a waiting invocation holds one open for minutes)."""
+    HTTP/2 streams with `h2_streams` (a waiting invocation holds one open for minutes), and its
+    handlers export spans when the OTEL settings ask for it (countersign.observability.tracing)."""
     use_tools(settings, tools)
     h2_streams.install()
+    tracing.configure(settings)
     return restate.app(
         services=endpoint_services(settings, services),
         identity_keys=settings.restate_identity_keys or None,

@@ -145,8 +145,8 @@ def run_dev(demo: bool) -> int:
     busy = [a for a in (INGRESS, ADMIN, HANDLERS, _endpoint_bind(), "127.0.0.1:5122") if not _port_free(a)]
     if busy:
         raise SystemExit(f"ports already in use: {', '.join(busy)} (is another dev stack running?)")
-    startup.configure_logging()
     settings = get_settings()
+    startup.configure_logging(settings)
     startup.check(settings)
 
     DATA_DIR.mkdir(parents=True, exist_ok=True)

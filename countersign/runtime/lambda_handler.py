@@ -31,8 +31,9 @@ def create_handler(settings: Settings) -> RestateLambdaHandler:
 
 @functools.cache
 def _cold_start() -> RestateLambdaHandler:
-    startup.configure_logging()
-    return create_handler(get_settings())
+    settings = get_settings()
+    startup.configure_logging(settings)
+    return create_handler(settings)
 
 
 def handler(event: RestateLambdaRequest, context: Any) -> RestateLambdaResponse:

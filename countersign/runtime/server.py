@@ -4,7 +4,8 @@ Guarantee: SIGTERM and SIGINT both trigger hypercorn's graceful shutdown of ever
 Restate SDK installs its own SIGTERM handler on the first request, displacing hypercorn's; we
 register through the SDK's hook list so ours still runs.) The limits come from `hypercorn.toml`
 inside the installed package, never from the current folder: `[restate]` for the Restate endpoint
-(long-lived HTTP/2 streams), `[public]` plus the PAGES_* timeouts for the pages. If one listener
+(long-lived HTTP/2 streams), `[public]` plus the PAGES_* timeouts for the pages and for the metrics
+listener (COUNTERSIGN_METRICS_BIND, when set: an address of its own). If one listener
 stops (or cannot bind), the others stop too, and a busy address is a one-line SettingsError naming
 its setting (an address that is also the pages' is refused the same way, before anything binds).
 """
@@ -74,8 +75,9 @@ def listeners(settings: Settings, bind: str) -> list[Listener]:
     limits (the pages then keep only their body deadline: idle and header timeouts are per listener)."""
     from countersign.runtime.app import create_app, public_app, restate_app
 
+    extra = metrics_listener(settings, bind)
     if settings.restate_endpoint_bind == SHARED_LISTENER:
-        return [Listener(create_app(settings), restate_config(bind), "--bind")]
+        return [Listener(create_app(settings), restate_config(bind), "--bind"), *extra]
     if settings.restate_endpoint_bind == bind:
         raise SettingsError(
             "RESTATE_ENDPOINT_BIND",
@@ -85,7 +87,25 @@ def listeners(settings: Settings, bind: str) -> list[Listener]:
     return [
         Listener(public_app(settings), public_config(bind, settings), "--bind"),
         Listener(restate_app(settings), restate_config(settings.restate_endpoint_bind), "RESTATE_ENDPOINT_BIND"),
+        *extra,
     ]
+
+
+def metrics_listener(settings: Settings, bind: str) -> list[Listener]:
+    """COUNTERSIGN_METRICS_BIND's listener (none when unset): `/metrics` only, with the pages' limits,
+    on an address of its own (never the pages' or the Restate endpoint's)."""
+    from countersign.runtime.metrics import metrics_app
+
+    metrics_bind = settings.countersign_metrics_bind
+    if metrics_bind is None:
+        return []
+    if metrics_bind in (bind, settings.restate_endpoint_bind):
+        raise SettingsError(
+            "COUNTERSIGN_METRICS_BIND",
+            f"COUNTERSIGN_METRICS_BIND {metrics_bind} is also the pages' or the Restate endpoint's address: "
+            "give the metrics a port of their own",
+        )
+    return [Listener(metrics_app(settings), public_config(metrics_bind, settings), "COUNTERSIGN_METRICS_BIND")]
 
 
 async def serve(*listeners: Listener, stop: asyncio.Event | None = None) -> None:

@@ -4,7 +4,8 @@ Guarantee: missing signing keys, an unreadable policy file, tools that do not lo
 (COUNTERSIGN_TOOLS), no tools named outside dev, an unknown default model, an unwritable outbox or a
 `COUNTERSIGN_SERVICES` entry that cannot be served raise a one-line CountersignError
 (countersign.exceptions) before any request is accepted; so do missing request identity keys or
-journal keys outside dev/test (an endpoint anyone could invoke, a journal in plaintext). `serve`
+journal keys outside dev/test (an endpoint anyone could invoke, a journal in plaintext), or traces
+asked for (an OTEL_EXPORTER_OTLP_* endpoint) without OpenTelemetry installed. `serve`
 prints that line and exits. In dev/test, running without the keys is allowed and said in one
 warning line each.
 """
@@ -16,6 +17,7 @@ import logging
 from countersign.channels import uses_slack
 from countersign.exceptions import SettingsError
 from countersign.llm import ModelUnavailable, check_model
+from countersign.observability import logs, tracing
 from countersign.runtime.services import SETTING, endpoint_services, user_services
 from countersign.settings import Settings, require_production_keys, require_signing_keys
 from countersign.tools import use_tools
@@ -24,8 +26,9 @@ from countersign.tools.registry import Registry
 log = logging.getLogger("countersign.runtime.startup")
 
 
-def configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def configure_logging(settings: Settings | None = None) -> None:
+    """Log lines (COUNTERSIGN_LOG_FORMAT: text or json) naming the invocation and approval that wrote them."""
+    logs.configure(settings.countersign_log_format if settings is not None else "text")
     for noisy in ("restate", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -43,6 +46,25 @@ def require_slack(settings: Settings, tools: Registry) -> None:
             raise SettingsError(
                 setting, f"{setting} is not set: the policy of {', '.join(named)} sends approvals through Slack"
             )
+
+
+def require_tracing(settings: Settings) -> None:
+    """Traces asked for (an OTLP endpoint set) need the `tracing` extra installed."""
+    if not tracing.enabled(settings):
+        return
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError:
+        setting = (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+            if settings.otel_exporter_otlp_traces_endpoint
+            else "OTEL_EXPORTER_OTLP_ENDPOINT"
+        )
+        raise SettingsError(
+            setting,
+            f"{setting} is set but OpenTelemetry is not installed: pip install 'countersign-approvals[tracing]'",
+        ) from None
 
 
 def warn_relaxed(settings: Settings) -> None:
@@ -79,6 +101,7 @@ def check(settings: Settings) -> None:
                 "APPROVALS_OUTBOX_DIR", f"APPROVALS_OUTBOX_DIR {settings.approvals_outbox_dir}: {exc}"
             ) from None
     require_production_keys(settings)
+    require_tracing(settings)
     tools = use_tools(settings)
     require_slack(settings, tools)
     endpoint_services(settings)

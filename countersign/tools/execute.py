@@ -20,6 +20,7 @@ from restate import Context, RunOptions, TerminalError
 
 from countersign.errors import is_cancellation
 from countersign.faults import crash_point, fail_point
+from countersign.observability import metrics, tracing
 from countersign.security.redact import scrubbed
 from countersign.tools import default_registry
 from countersign.tools.registry import EffectContext, ToolError, is_async
@@ -58,6 +59,9 @@ async def _effect(tool_name: str, args: dict[str, Any], ctx: EffectContext) -> T
         result = await _call(tool.effect, tool.validate(args), ctx)
     except ToolError as exc:
         return ToolRun(ok=False, error=str(exc), at=time.time())
+    except Exception:
+        metrics.effect_attempt_failed(tool_name)  # this attempt ran and raised: Restate retries it
+        raise
     crash_point(f"crash-after-effect:{tool_name}")
     return ToolRun(ok=True, result=result, at=time.time())
 
@@ -106,12 +110,22 @@ async def run_tool(
         approved_by=approved_by,
         edits=edits,
     )
-    try:
-        return await ctx.run_typed(f"tool {tool_name} #{index}", _effect, TOOL_RETRIES, tool_name, args, context)
-    except TerminalError as exc:
-        if is_cancellation(exc):
-            raise
-        return ToolRun(ok=False, error=f"the tool kept failing and was given up: {exc}")
+    ids = {"tool": tool_name, "approval_id": approval_id, "run_id": run_id, "tenant": tenant}
+    with tracing.step("effect", **ids) as span:
+        try:
+            run: ToolRun = await ctx.run_typed(
+                f"tool {tool_name} #{index}", _effect, TOOL_RETRIES, tool_name, args, context
+            )
+        except TerminalError as exc:
+            if is_cancellation(exc):
+                raise
+            run = ToolRun(ok=False, error=f"the tool kept failing and was given up: {exc}")
+            outcome = "failed"
+        else:
+            outcome = "succeeded" if run.ok else "refused"
+        tracing.annotate(span, outcome=outcome)
+    metrics.record_effect(tool_name, outcome)
+    return run
 
 
 @scrubbed
@@ -145,10 +159,14 @@ async def recheck(
     async def check() -> Recheck:
         return Recheck(change=await _precondition(tool_name, args, context))
 
-    try:
-        result: Recheck = await ctx.run_typed(f"recheck {tool_name} #{index}", check, TOOL_RETRIES)
-    except TerminalError as exc:
-        if is_cancellation(exc):
-            raise
-        return f"could not re-check {tool_name} before running it: {exc.message}"
+    ids = {"tool": tool_name, "approval_id": approval_id, "run_id": run_id, "tenant": tenant}
+    with tracing.step("recheck", **ids) as span:
+        try:
+            result: Recheck = await ctx.run_typed(f"recheck {tool_name} #{index}", check, TOOL_RETRIES)
+        except TerminalError as exc:
+            if is_cancellation(exc):
+                raise
+            tracing.annotate(span, outcome="failed")
+            return f"could not re-check {tool_name} before running it: {exc.message}"
+        tracing.annotate(span, outcome="changed" if result.change else "unchanged")
     return result.change

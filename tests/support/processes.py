@@ -650,12 +650,13 @@ class Ingress:
 # A whole stack (used by the conftest fixtures)
 
 
-def make_app_env(*, ingress_url: str, outbox_dir: Path, db_path: Path) -> dict[str, str]:
+def make_app_env(*, ingress_url: str, outbox_dir: Path, db_path: Path, admin_url: str | None = None) -> dict[str, str]:
     """The handlers app's environment for tests, with a fresh signing key and journal key, serving the
     demo tools by name (outside dev, as in production, the app serves no tools it was not given).
     The demo is this repository's (handlers/demo), not the library's: the checkout is on PYTHONPATH,
     after the folder the app runs in, as a deployment puts its own code beside the installed library."""
     return {
+        **({"RESTATE_ADMIN_URL": admin_url} if admin_url else {}),
         "COUNTERSIGN_TOOLS": DEMO_TOOLS,
         "PYTHONPATH": str(REPO),
         "RESTATE_INGRESS_URL": ingress_url,
