@@ -237,3 +237,25 @@ def test_tracing_off_makes_no_spans_and_imports_no_sdk(tmp_path: Path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_dashboard_queries_only_metrics_that_exist() -> None:
+    """Every countersign_* series the Grafana dashboard queries is one the handlers expose."""
+    import re
+
+    from prometheus_client import generate_latest
+
+    from countersign.observability.metrics import REGISTRY
+    from countersign.runtime.metrics import WaitingApprovals
+
+    exposed = generate_latest(REGISTRY).decode() + "".join(
+        f"# TYPE {family.name} gauge\n" for family in WaitingApprovals(Settings()).collect()
+    )
+    families = set(re.findall(r"^# TYPE (countersign_\w+) (\w+)", exposed, re.M))
+    names = {name for name, _ in families}
+    series = names | {f"{n}_total" for n, kind in families if kind == "counter"}
+    series |= {f"{n}_{part}" for n, kind in families if kind == "histogram" for part in ("bucket", "sum", "count")}
+    dashboard = (Path(__file__).parents[1] / "deploy" / "grafana" / "countersign.json").read_text()
+    queried = set(re.findall(r"countersign_[a-z_]+", dashboard))
+    assert queried - series == set()
+    assert {"countersign_approvals_waiting", "countersign_decision_seconds_bucket"} <= queried
