@@ -43,6 +43,7 @@ BOTH_PROTOCOLS = frozenset(
         "test_gate_library",
         "test_plan_flow",
         "test_models_replay",
+        "test_observability",
         "test_operations",
         "test_security_ingress",
         "test_own_tools",

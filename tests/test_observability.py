@@ -98,6 +98,25 @@ def test_a_bad_metrics_bind_is_refused_naming_the_setting() -> None:
     assert "\n" not in str(refused.value)
 
 
+def test_serve_stops_at_start_with_one_line_naming_a_bad_setting(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    for variable, bad in (("COUNTERSIGN_METRICS_BIND", "no-port"), ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")):
+        env = {"PATH": "/usr/bin:/bin", variable: bad}
+        done = subprocess.run(
+            [sys.executable, "-m", "countersign", "serve", "--bind", f"127.0.0.1:{free_port()}"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=60,
+        )
+        assert done.returncode != 0
+        [line] = done.stderr.strip().splitlines()
+        assert variable in line, line
+
+
 @pytest.mark.slow
 def test_counts_survive_a_kill9_while_waiting_once_each(isolated_stack: StackFactory) -> None:
     """The request is counted by the process that sent it; after kill -9 and a restart the replay
