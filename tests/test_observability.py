@@ -19,7 +19,7 @@ import pytest
 from fakes import otlp_receiver
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
-from support.approver import form_csrf, submit, wait_for_email
+from support.approver import approval_emails, form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, StackFactory, free_port, wait_until
 
@@ -182,6 +182,41 @@ def test_replay_torture_counts_each_event_once(isolated_stack: StackFactory) -> 
     assert total(samples, "countersign_approvals_decided_total") == 1
     assert total(samples, "countersign_effects_total") == 1
     assert total(samples, "countersign_runs_finished_total") == 1
+
+
+@pytest.mark.slow
+def test_reminders_escalation_and_deadline_are_counted_as_their_emails(
+    isolated_stack: StackFactory, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        "[tools.issue_refund]\ndeadline_seconds = 4\nreminders_seconds = [1]\n"
+        'escalate_after_seconds = 2\nescalate_to = ["boss@example.com"]\n'
+    )
+    port = free_port()
+    env = {"COUNTERSIGN_METRICS_BIND": f"127.0.0.1:{port}", "APPROVALS_POLICY_FILE": str(policy)}
+    stack = isolated_stack(app_env=env)
+    stack.ingress.start_run("obs-late", refund(new_order(stack.db_path, 100000)))
+    result = stack.ingress.wait_output("obs-late", timeout=60).json()
+    assert result["actions"][0]["outcome"] == "expired"
+    samples, _ = scrape(port)
+    emails = {kind: len(approval_emails(stack.outbox_dir, "obs-late", kind)) for kind in ("reminder", "escalation")}
+    assert emails["reminder"] >= 1 and emails["escalation"] == 1, emails
+    assert value(samples, "countersign_reminders_sent_total", tool="issue_refund") == emails["reminder"]
+    assert value(samples, "countersign_escalations_total", tool="issue_refund") == 1
+    assert (
+        value(
+            samples,
+            "countersign_approvals_decided_total",
+            tool="issue_refund",
+            verdict="expired",
+            source="deadline_default",
+        )
+        == 1
+    )
+    assert total(samples, "countersign_approvals_decided_total") == 1
+    assert total(samples, "countersign_approvals_requested_total") == 1
+    assert total(samples, "countersign_effects_total") == 0
 
 
 def test_the_metrics_listener_serves_metrics_only(isolated_stack: StackFactory) -> None:

@@ -41,7 +41,7 @@ APPROVALS_REQUESTED = Counter(
 APPROVALS_DECIDED = Counter(
     "countersign_approvals_decided",
     "Approvals decided: verdict approved, edited, rejected, expired, cancelled or undeliverable; "
-    "source human, deadline or system.",
+    "source human, deadline_default or system.",
     ["tool", "verdict", "source"],
     registry=REGISTRY,
 )
