@@ -201,8 +201,9 @@ def test_a_models_long_why_is_cut_to_the_contracts_bound_as_a_library_callers_is
     model_app.ingress.start_run(run_id, {"goal": "refund", "requester": "a@example.com", "model": f"openai:{model}"})
     [mail] = wait_for_email(model_app.outbox_dir, run_id)
 
-    def saved() -> list[dict[str, Any]]:  # the email may come before the workflow saves the record
-        return list(model_app.ingress.call("Approval", f"{run_id}-a0", "status", None).json()["approvals"])
+    def saved() -> list[dict[str, Any]] | None:  # the email may come before the workflow saves the record
+        approvals = model_app.ingress.call("Approval", f"{run_id}-a0", "status", None).json()["approvals"]
+        return list(approvals) or None  # wait_until waits only while it gets None (or False)
 
     [record] = wait_until(saved, 20, "the approval's record")
     assert len(record["why"]) == MAX_WHY and record["why"].endswith("because…"), len(record["why"])
