@@ -18,9 +18,8 @@ from typing import Any
 import pytest
 from support.approver import open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import IsolatedStack, StackFactory, wait_until
+from support.processes import REPO, IsolatedStack, StackFactory, wait_until
 
-REPO = Path(__file__).resolve().parents[1]
 ORDER_CHECK = "args.order_id == results.lookup_order.order_id"
 CHECK = "args.amount_usd == double(results.lookup_order.amount_usd)"
 POLICY = f"""

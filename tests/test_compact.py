@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import typing
-from pathlib import Path
 
 from pydantic import BaseModel
+from support.processes import REPO
 from support.records import approval_record
 
 from countersign.agent.model_turn import Turn
@@ -28,7 +28,7 @@ def _verdict() -> PolicyVerdict:
     return evaluate(tool.name, tool.policy, args, requester="alice@example.com", tenant="acme")
 
 
-DEFAULTS: dict[str, dict[str, str]] = json.loads((Path(__file__).parent / "data" / "compact_defaults.json").read_text())
+DEFAULTS: dict[str, dict[str, str]] = json.loads((REPO / "tests" / "data" / "compact_defaults.json").read_text())
 
 
 def test_an_approval_request_reads_back_equal_and_smaller_than_in_full() -> None:

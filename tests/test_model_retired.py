@@ -11,7 +11,6 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,9 +20,8 @@ from fakes.fixtures import model_stack, provider_env, running
 from fakes.provider import FakeProvider, Reply
 from support.approver import submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import IsolatedStack, wait_until
+from support.processes import REPO, IsolatedStack, wait_until
 
-REPO = Path(__file__).resolve().parents[1]
 SUCCESSOR = "policy-successor"
 POLICY = f"""[tools.issue_refund]
 on_model_retired = {{ successor = "openai:{SUCCESSOR}" }}

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 from support.approver import approval_emails, form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import IsolatedStack, StackFactory, free_port, wait_until
+from support.processes import REPO, IsolatedStack, StackFactory, free_port, wait_until
 
 from countersign.exceptions import SettingsError
 from countersign.runtime.server import listeners
@@ -309,7 +309,7 @@ def test_the_dashboard_queries_only_metrics_that_exist() -> None:
     names = {name for name, _ in families}
     series = names | {f"{n}_total" for n, kind in families if kind == "counter"}
     series |= {f"{n}_{part}" for n, kind in families if kind == "histogram" for part in ("bucket", "sum", "count")}
-    dashboard = (Path(__file__).parents[1] / "deploy" / "grafana" / "countersign.json").read_text()
+    dashboard = (REPO / "deploy" / "grafana" / "countersign.json").read_text()
     queried = set(re.findall(r"countersign_[a-z_]+", dashboard))
     assert queried - series == set()
     assert {"countersign_approvals_waiting", "countersign_decision_seconds_bucket"} <= queried
