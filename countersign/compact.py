@@ -9,7 +9,7 @@ schema. The same rule `RunBook.save` applies to the state it stores.
 The rule that keeps it so: never change the default of a field of a model journaled this way (or of
 a model inside one); add a field instead. A value left out is read with the reader's default, and
 during an upgrade a run pinned to the old deployment exchanges these values with approvals on the
-new one. `tests/test_compact.py` holds the defaults and fails when one changes.
+new one. `tests/unit/test_compact.py` holds the defaults and fails when one changes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Google ADK apps wired the wrong way, for tests/test_adk.py (served beside the example with
+"""Google ADK apps wired the wrong way, for tests/integration/test_adk.py (served beside the example with
 COUNTERSIGN_SERVICES=...,tests.support.adk_wiring:served): the gate before RestatePlugin, the gate
 without it, and Countersign tools without the gate. Each must fail the run, not hang or run an effect
 around the gate."""

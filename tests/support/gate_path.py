@@ -1,4 +1,4 @@
-"""A user's own code for tests/test_gate_path.py, served beside Countersign with
+"""A user's own code for tests/integration/test_gate_path.py, served beside Countersign with
 COUNTERSIGN_SERVICES=tests.support.gate_path:served and COUNTERSIGN_TOOLS=tests.support.gate_path:TOOLS.
 
 The ways a user reaches the gate: `GatePath.call` calls `gated_call` (after `request_plan_approval`

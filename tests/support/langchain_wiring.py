@@ -1,4 +1,4 @@
-"""LangChain agents wired the wrong way, for tests/test_langchain.py (served beside the example with
+"""LangChain agents wired the wrong way, for tests/integration/test_langchain.py (served beside the example with
 COUNTERSIGN_SERVICES=...,tests.support.langchain_wiring:served): the gate before RestateMiddleware,
 the gate without it, and Countersign tools without the gate. Each must fail the run, not hang or run
 an effect around the gate."""

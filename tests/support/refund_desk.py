@@ -1,5 +1,5 @@
-"""What the framework adapters' tests share (tests/test_langchain.py, tests/test_adk.py): each serves its
-example refund desk against the fake OpenAI server, with the same policy file, and scripts one model
+"""What the framework adapters' tests share (tests/integration/test_langchain.py and test_adk.py):
+each serves its example refund desk against the fake OpenAI server, with the same policy file, and scripts one model
 reply of tool calls, then an answer that repeats what the tools returned."""
 
 from __future__ import annotations
