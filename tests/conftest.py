@@ -69,6 +69,31 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("deployment_protocol", protocols, indirect=True, scope="session")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Keep a set-up that is shared across tests in one worker when pytest-xdist spreads the suite
+    over several (`scripts/test` does, with `--dist loadgroup`): the tests of a module that share a
+    module-scoped stack (one group per protocol, so a module's two halves still run side by side),
+    and the browser tests, which share one Chromium. Every other test may run in any worker; each
+    worker starts its own session stack per protocol."""
+    for item in items:
+        group = _shared_setup(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _shared_setup(item: pytest.Item) -> str | None:
+    if item.path.parent.name == "browser":
+        return "browser"
+    fixtures = getattr(item, "_fixtureinfo", None)
+    definitions = fixtures.name2fixturedefs.values() if fixtures is not None else ()
+    if any(definition.scope == "module" for chain in definitions for definition in chain):
+        callspec = getattr(item, "callspec", None)
+        protocol = callspec.params.get("deployment_protocol", "") if callspec is not None else ""
+        return f"{item.path.stem}[{protocol}]" if protocol else item.path.stem
+    return None
+
+
 @pytest.fixture(scope="session")
 def deployment_protocol(request: pytest.FixtureRequest) -> str:
     return str(request.param)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -22,7 +23,9 @@ class FaultOptions:
     seed: int
 
 
-_REPORT = pytest.StashKey[list[str]]()
+_REPORT_PROPERTY = "fault report"
+_reported: list[str] = []
+"""The report lines of every fault session that ended in this run (in the controller under xdist)."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -48,14 +51,23 @@ def fault_options(pytestconfig: pytest.Config) -> FaultOptions:
 
 
 @pytest.fixture()
-def fault_report(pytestconfig: pytest.Config) -> list[str]:
-    """Lines for the terminal summary (shown whether the test passed or not)."""
-    return pytestconfig.stash.setdefault(_REPORT, [])
+def fault_report(request: pytest.FixtureRequest) -> Iterator[list[str]]:
+    """Lines for the terminal summary (shown whether the test passed or not).
+
+    They travel in the test's report (its user properties), so the summary has them also when the
+    test ran in another worker process (pytest-xdist)."""
+    lines: list[str] = []
+    yield lines
+    request.node.user_properties.extend((_REPORT_PROPERTY, line) for line in lines)
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    lines = config.stash.get(_REPORT, [])
-    if lines:
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":
+        _reported.extend(str(value) for name, value in report.user_properties if name == _REPORT_PROPERTY)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _reported:
         terminalreporter.section("fault runs")
-        for line in lines:
+        for line in _reported:
             terminalreporter.write_line(line)
