@@ -5,8 +5,9 @@ order of starting, whether or not the test passed (see support.processes for how
 modules in BOTH_PROTOCOLS that use the session stack (`restate_server`, `app_server`, ...) or
 `isolated_stack` run twice: with the deployment registered over HTTP/2 (bidirectional streaming) and
 over HTTP/1.1 (request/response, as serverless platforms invoke it); all other tests run over HTTP/2.
-Each protocol gets its own session stack, so nothing one mode left behind (workflow keys, demo rows)
-is seen by the other.
+The same tests of the modules in REPLAY_TORTURE run a third time, over HTTP/2 under replay torture
+(`http2+replay`). Each protocol gets its own session stack, so nothing one mode left behind (workflow
+keys, demo rows) is seen by another.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from support.processes import (
     RestateServer,
     StackFactory,
     make_app_env,
+    restate_env_of,
     start_registered_app,
 )
 
@@ -60,12 +62,36 @@ stream (every step ends an attempt and the next one replays the journal). The ot
 tier, the security of pages, links and the journal codec, or the browser: the protocol does not
 change what they check, and running them twice would double the suite's time for nothing."""
 
+REPLAY_TORTURE = frozenset(
+    {
+        "test_approval_flow",
+        "test_approval_semantics",
+        "test_durability",
+        "test_gate_library",
+        "test_races",
+        "test_openai_agents",
+        "test_pydantic_ai",
+        "test_plan_flow",
+        "test_checkpoints",
+        "test_slack_channel",
+        "test_gate_path",
+        "test_langchain",
+        "test_adk",
+    }
+)
+"""Modules whose protocol-parametrised tests also run under replay torture (`http2+replay`): the
+approval, durability, race and adapter flows, where non-deterministic handler code would show. Only
+over HTTP/2: over HTTP/1.1 every await the handler blocks on already ends the request and replays
+the journal on resume, so that mode needs no torture of its own."""
+
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "deployment_protocol" in metafunc.fixturenames:
         module = metafunc.module.__name__.rsplit(".", 1)[-1]
-        protocols = list(DEPLOYMENT_PROTOCOLS) if module in BOTH_PROTOCOLS else ["http2"]
-        # Session scope: pytest runs all tests of one protocol before switching to the other.
+        protocols = ["http2", "http1.1"] if module in BOTH_PROTOCOLS else ["http2"]
+        if module in REPLAY_TORTURE and os.environ.get(ALWAYS_REPLAY) != "1":
+            protocols.append("http2+replay")
+        # Session scope: pytest runs all tests of one protocol before switching to the next.
         metafunc.parametrize("deployment_protocol", protocols, indirect=True, scope="session")
 
 
@@ -127,7 +153,9 @@ def demo_tools_in_this_process() -> None:
 
 @pytest.fixture(scope="session")
 def restate_server(deployment_protocol: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestateServer]:
-    server = RestateServer.start(tmp_path_factory.mktemp(f"restate-{deployment_protocol}"))
+    server = RestateServer.start(
+        tmp_path_factory.mktemp(f"restate-{deployment_protocol}"), extra_env=restate_env_of(deployment_protocol)
+    )
     try:
         yield server
     finally:
@@ -234,10 +262,11 @@ def private_stacks(tmp_path: Path) -> Iterator[StackFactory]:
 def isolated_stack(private_stacks: StackFactory, deployment_protocol: str) -> StackFactory:
     """`private_stacks` registered with this session's deployment protocol (so: run in both modes)."""
     session_http1 = DEPLOYMENT_PROTOCOLS[deployment_protocol]
+    protocol_env = restate_env_of(deployment_protocol)
 
     def start(
         *, restate_env: dict[str, str] | None = None, app_env: dict[str, str] | None = None, http1: bool = session_http1
     ) -> IsolatedStack:
-        return private_stacks(restate_env=restate_env, app_env=app_env, http1=http1)
+        return private_stacks(restate_env={**protocol_env, **(restate_env or {})}, app_env=app_env, http1=http1)
 
     return start

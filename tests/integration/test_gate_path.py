@@ -20,7 +20,16 @@ from fakes.fixtures import running
 from support.approver import submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.gate_path import WHY
-from support.processes import REPO, Ingress, RestateServer, make_app_env, start_registered_app, wait_until
+from support.processes import (
+    DEPLOYMENT_PROTOCOLS,
+    REPO,
+    Ingress,
+    RestateServer,
+    make_app_env,
+    restate_env_of,
+    start_registered_app,
+    wait_until,
+)
 
 from countersign.agent.turn import PolicyAnswer, _recalled
 from countersign.approval import routing
@@ -185,7 +194,7 @@ def stack(deployment_protocol: str, tmp_path_factory: pytest.TempPathFactory) ->
     root = tmp_path_factory.mktemp("gate-path")
     with ExitStack() as cleanup:
         model = cleanup.enter_context(running(oai.OpenAIFake()))
-        restate = RestateServer.start(root / "restate")
+        restate = RestateServer.start(root / "restate", extra_env=restate_env_of(deployment_protocol))
         cleanup.callback(restate.stop)
         (outbox := root / "outbox").mkdir()
         env = {
@@ -197,7 +206,9 @@ def stack(deployment_protocol: str, tmp_path_factory: pytest.TempPathFactory) ->
             "OPENAI_BASE_URL": model.base_url,
             "OPENAI_AGENTS_DISABLE_TRACING": "1",
         }
-        app = start_registered_app(restate, env=env, log_path=root / "app.log", http1=deployment_protocol == "http1")
+        app = start_registered_app(
+            restate, env=env, log_path=root / "app.log", http1=DEPLOYMENT_PROTOCOLS[deployment_protocol]
+        )
         cleanup.callback(app.stop)
         ingress = Ingress(restate.ingress_url, restate.journal_keys or None)
         cleanup.callback(ingress.close)

@@ -45,9 +45,11 @@ APP_START_TIMEOUT = 20.0
 APP_STOP_GRACE = 5.0
 PORT_RELEASE_TIMEOUT = 15.0
 LOG_TAIL_LINES = 40
-DEPLOYMENT_PROTOCOLS = {"http2": False, "http1.1": True}
-"""Test id -> whether a deployment is registered with `use_http_11` (request/response) or not (bidi)."""
+DEPLOYMENT_PROTOCOLS = {"http2": False, "http1.1": True, "http2+replay": False}
+"""Test id -> whether a deployment is registered with `use_http_11` (request/response) or not (bidi).
+`http2+replay` is HTTP/2 under replay torture (see `restate_env_of`)."""
 ALWAYS_REPLAY = "ALWAYS_REPLAY"
+INACTIVITY_TIMEOUT = "RESTATE_WORKER__INVOKER__INACTIVITY_TIMEOUT"
 
 T = TypeVar("T")
 
@@ -251,6 +253,12 @@ def _port_of(bind_address: str) -> int:
     return int(bind_address.rsplit(":", 1)[1])
 
 
+def restate_env_of(protocol: str) -> dict[str, str]:
+    """The restate-server settings of a protocol's tests: under `http2+replay`, replay torture (an
+    inactivity timeout of 0 s, so every await suspends and every resume replays the journal)."""
+    return {INACTIVITY_TIMEOUT: "0s"} if protocol.endswith("+replay") else {}
+
+
 def inactivity_timeout() -> str:
     """2 s normally; 0 s under replay torture (`ALWAYS_REPLAY=1`, set by `pytest --always-replay`),
     where every await suspends the invocation and every resume replays its journal from the start."""
@@ -301,7 +309,7 @@ class RestateServer:
             "RESTATE_DISABLE_TELEMETRY": "true",
             "RESTATE_LOG_DISABLE_ANSI_CODES": "true",
             "RESTATE_SHUTDOWN_TIMEOUT": "5s",
-            "RESTATE_WORKER__INVOKER__INACTIVITY_TIMEOUT": inactivity_timeout(),
+            INACTIVITY_TIMEOUT: inactivity_timeout(),
             **(extra_env or {}),
         }
         log_path = base_dir / "restate-server.log"
