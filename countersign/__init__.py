@@ -42,15 +42,32 @@ from countersign.tools.policy import (
 from countersign.tools.registry import EditRule, EffectContext, Registry, Tool, ToolError, load_tools
 
 if TYPE_CHECKING:
-    from countersign.approval.calls import ApprovalOutcome, gated_call, request_approval, request_plan_approval
+    from countersign.approval.calls import (
+        AnswerModelError,
+        ApprovalOutcome,
+        PersonAnswer,
+        ask_person,
+        gated_call,
+        request_approval,
+        request_plan_approval,
+    )
     from countersign.approval.plan import ApprovedPlan
     from countersign.runtime.app import create_app
     from countersign.runtime.lambda_handler import handler as lambda_handler
     from countersign.settings import Settings, get_settings
 
-_GATE = ("ApprovalOutcome", "gated_call", "request_approval", "request_plan_approval")
+_GATE = (
+    "AnswerModelError",
+    "ApprovalOutcome",
+    "PersonAnswer",
+    "ask_person",
+    "gated_call",
+    "request_approval",
+    "request_plan_approval",
+)
 
 __all__ = [
+    "AnswerModelError",
     "ApprovalOutcome",
     "ApprovedPlan",
     "ApproverContext",
@@ -59,6 +76,7 @@ __all__ = [
     "CountersignError",
     "EditRule",
     "EffectContext",
+    "PersonAnswer",
     "PlanPolicy",
     "PolicyError",
     "PolicyVerdict",
@@ -70,6 +88,7 @@ __all__ = [
     "ToolError",
     "ToolPolicy",
     "ToolsError",
+    "ask_person",
     "create_app",
     "gated_call",
     "get_settings",

@@ -325,7 +325,11 @@ class ApprovalRecord(BaseModel):
     context_error: str | None = Field(default=None, description="why the tool's facts could not be read")
     trail: list[TrailStep] = Field(default_factory=list, description="the run's earlier calls, before this one")
     policy_version: str = Field(default="", description="the version of the tool's policy that gated the call")
-    kind: Literal["action", "plan"] = Field(default="action", description="a plan: `args` is the frozen Plan")
+    kind: Literal["action", "plan", "question"] = Field(
+        default="action",
+        description="a plan: `args` is the frozen Plan; a question: `args` holds its text and form, "
+        "and the approving verdict's `edits` are the answer",
+    )
     asked_by: AskedBy = Field(
         default="agent",
         description="who asked: an agent, or a handler's own code (the email and page word the request by it); "

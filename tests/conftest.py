@@ -39,6 +39,7 @@ BOTH_PROTOCOLS = frozenset(
     {
         "test_approval_flow",
         "test_approval_semantics",
+        "test_ask_person",
         "test_checkpoints",
         "test_deadline_and_refusals",
         "test_durability",
@@ -77,6 +78,7 @@ REPLAY_TORTURE = frozenset(
         "test_gate_path",
         "test_langchain",
         "test_adk",
+        "test_ask_person",
     }
 )
 """Modules whose protocol-parametrised tests also run under replay torture (`http2+replay`): the

@@ -1,4 +1,5 @@
-"""The gate's public calls, for any Restate handler: request_approval, gated_call, request_plan_approval.
+"""The gate's public calls, for any Restate handler: request_approval, gated_call, request_plan_approval,
+and ask_person (a question with a typed answer, asked and awaited as an approval is).
 
 Each call is answered by `routing.ask` (in its journaled step) and routed by `routing.route`, the
 path the agent's turn takes too; this module only acts on the route.
@@ -29,11 +30,30 @@ from countersign.approval.batch import ask_people
 from countersign.approval.gate import Act, GateResult, freeze
 from countersign.approval.plan import ApprovedPlan, OnDeviation
 from countersign.approval.plan_calls import ask_plan_approval, refused_deviation, run_in_plan
+from countersign.approval.question import AnswerModelError, form_of
+from countersign.approval.question_calls import (
+    M,
+    PersonAnswer,
+    Question,
+    ask_question,
+    default_answer,
+    question_policy,
+)
 from countersign.approval.routing import Answer, ask, mark_deviation, not_a_mapping, proposed, route, unrun
 from countersign.approval.run_state import RunBook, RunFacts, RunState
 from countersign.approval.trail import trail_of
 from countersign.approval.waiting import Waiter
 from countersign.approval.workflow import ApprovalRequest
+
+__all__ = [
+    "AnswerModelError",
+    "ApprovalOutcome",
+    "PersonAnswer",
+    "ask_person",
+    "gated_call",
+    "request_approval",
+    "request_plan_approval",
+]
 from countersign.approval.workflow import run as approval_run
 from countersign.compact import Compact
 from countersign.contract import (
@@ -402,3 +422,52 @@ async def request_plan_approval(
     where, at = _where(ctx, run_id, index)
     facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="", asked_by=asked_by)
     return await ask_plan_approval(ctx, facts, plan, index=at, why=why, on_deviation=on_deviation)
+
+
+async def ask_person(
+    ctx: restate.Context,
+    *,
+    question: str,
+    answer_model: type[M],
+    to: Sequence[str],
+    requester: str,
+    default: M | None = None,
+    deadline_seconds: int = 24 * 3600,
+    reminders_seconds: Sequence[int] = (),
+    escalate_after_seconds: int | None = None,
+    escalate_to: Sequence[str] = (),
+    tenant: str = "default",
+    why: str = "",
+    goal: str = "",
+    run_id: str | None = None,
+    index: int | None = None,
+    asked_by: AskedBy = "code",
+) -> PersonAnswer[M]:
+    """Ask the people in `to` a question and wait (durably, for days if need be) for a typed answer:
+    the emailed link opens a form made from `answer_model` (text, numbers, booleans, enums or
+    Literals as choices, short lists of those); the answer is validated on the server and comes back
+    as `PersonAnswer.answer`, an instance of `answer_model`. The first person to answer decides; one
+    may decline with a reason instead. Reminders, escalation, cancel, reassign, the inbox and the
+    audit trail are an approval's. At the deadline the question ends with `default` (if given:
+    outcome `defaulted`), else `expired`.
+
+    A model outside the form's subset raises `AnswerModelError` (a terminal 400) before anything is
+    sent. Placed as `request_approval` places an approval, and `why`, `goal` and `asked_by` as there."""
+    fields = form_of(answer_model)
+    if not isinstance(question, str) or not question.strip():
+        raise TerminalError("question must be text that says what to answer", 400)
+    why, goal = _described(why, goal)
+    _check_people(requester, tenant)
+    people = tuple(to) if not isinstance(to, str) else (to,)
+    policy = question_policy(
+        people,
+        deadline_seconds=deadline_seconds,
+        reminders_seconds=tuple(reminders_seconds),
+        escalate_after_seconds=escalate_after_seconds,
+        escalate_to=tuple(escalate_to),
+        has_default=default is not None,
+    )
+    asked = Question(clipped(question, MAX_WHY), fields, default_answer(answer_model, fields, default), policy, why)
+    where, at = _where(ctx, run_id, index)
+    facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="", asked_by=asked_by)
+    return await ask_question(ctx, facts, answer_model, at, asked)

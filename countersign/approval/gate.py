@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from countersign.approval import confirm, ledger
 from countersign.approval.edits import EditRejected, apply_edits
 from countersign.approval.plan import apply_plan_edits
+from countersign.approval.question import fields_of, parse_answer
 from countersign.approval.rounds import Opening, closing, open_round
 from countersign.approval.run_state import RunBook, RunFacts
 from countersign.approval.verdict import Verdict, state_of
@@ -85,6 +86,51 @@ def action_digest(run_id: str, index: int, tool: str, args: dict[str, Any]) -> s
     return hashlib.sha256(_DIGEST_DOMAIN + frozen.encode()).hexdigest()
 
 
+def _frozen(
+    run: RunFacts, index: int, tool: str, args: dict[str, Any], verdict: PolicyVerdict, opening: Opening, **rest: Any
+) -> ApprovalRecord:
+    """An approval record's first round, as every kind of approval opens it (`rest`: its own fields)."""
+    policy, now = verdict.policy, opening.now
+    return ApprovalRecord(
+        approval_id=links.approval_id(run.run_id, index),
+        run_id=run.run_id,
+        tenant=run.tenant,
+        index=index,
+        tool=tool,
+        args=args,
+        digest=action_digest(run.run_id, index, tool, args),
+        policy=verdict.rule,
+        requester=run.requester,
+        approvers=list(policy.approvers),
+        quorum=policy.quorum,
+        active_slots=list(range(len(policy.approvers))),
+        nonces=[opening.nonce],
+        requested_at=now,
+        round_started_at=now,
+        deadline=now + policy.deadline_seconds,
+        asked_by=run.asked_by,
+        **rest,
+    )
+
+
+def freeze_asked(
+    run: RunFacts,
+    index: int,
+    *,
+    tool: str,
+    kind: Literal["plan", "question"],
+    args: dict[str, Any],
+    summary: str,
+    why: str,
+    verdict: PolicyVerdict,
+    opening: Opening,
+    editable: dict[str, str],
+) -> ApprovalRecord:
+    """The approval record of what is not a tool call (a plan, a question), frozen and digested like
+    one whose arguments are `args`."""
+    return _frozen(run, index, tool, args, verdict, opening, kind=kind, summary=summary, why=why, editable=editable)
+
+
 def freeze(
     run: RunFacts,
     tool: Tool,
@@ -102,26 +148,16 @@ def freeze(
 ) -> ApprovalRecord:
     """The approval record of one gated call: pure, from the journaled policy answer and opening,
     the facts its tool read (`context`, journaled) and the run's earlier calls (`trail`)."""
-    policy, now = verdict.policy, opening.now
-    return ApprovalRecord(
-        approval_id=links.approval_id(run.run_id, index),
-        run_id=run.run_id,
-        tenant=run.tenant,
-        index=index,
-        tool=tool.name,
-        args=args,
-        digest=action_digest(run.run_id, index, tool.name, args),
+    policy = verdict.policy
+    return _frozen(
+        run,
+        index,
+        tool.name,
+        args,
+        verdict,
+        opening,
         summary=summary,
         why=why,
-        policy=verdict.rule,
-        requester=run.requester,
-        approvers=list(policy.approvers),
-        quorum=policy.quorum,
-        active_slots=list(range(len(policy.approvers))),
-        nonces=[opening.nonce],
-        requested_at=now,
-        round_started_at=now,
-        deadline=now + policy.deadline_seconds,
         editable={n: rule.describe() for n, rule in tool.editable.items()} if policy.quorum == 1 else {},
         confirm_field=confirm.field_for(tool, verdict),
         batch=batch or [],
@@ -132,7 +168,6 @@ def freeze(
         stopped_because=list(verdict.stopped_because),
         confidence=confidence,
         webhooks=verdict.webhooks,
-        asked_by=run.asked_by,
     )
 
 
@@ -151,7 +186,7 @@ async def decide_and_act(
     [final] = await wait_all(book, [waiter], "request", delivered=None if delivered is None else [delivered])
     _observe_decision(record, final, since=record.requested_at)
     tool = default_registry().get(record.tool)
-    if tool is None and final.kind == "approve" and record.kind != "plan":  # the tool set changed meanwhile
+    if tool is None and final.kind == "approve" and record.kind == "action":  # the tool set changed meanwhile
         result = _finish(book, waiter, final, failure=f"tool {record.tool!r} is no longer loaded; nothing ran")
     elif act == "execute":
         assert tool is not None
@@ -256,7 +291,8 @@ def _report(book: RunBook, waiter: Waiter, final: Verdict) -> GateResult:
     except EditRejected as exc:
         return _finish(book, waiter, final, failure=f"the approved edits are no longer valid: {exc}")
     record.edits = changed or None
-    state: ApprovalState = "approved_with_edits" if changed else "approved"
+    # A question's answer is its approving verdict's edits: answered, not "approved with edits".
+    state: ApprovalState = "approved_with_edits" if changed and record.kind != "question" else "approved"
     _decided(book, record, final, state)
     action = _action(record, final, state)
     ledger.finished(book, record, action, final.at)
@@ -268,6 +304,12 @@ def _approved_args(record: ApprovalRecord, final: Verdict) -> tuple[dict[str, An
     """The approved arguments (a plan's or a tool call's) with the approver's edits, and those edits."""
     if record.kind == "plan":
         return apply_plan_edits(record.args, final.edits or {})
+    if record.kind == "question":  # the answer, checked again against the frozen form
+        if final.source == "deadline_default":  # nobody answered: the caller's default, checked when asked
+            default = dict(record.args.get("default") or {})
+            return default, default
+        answer = parse_answer(fields_of(record.args), {k: str(v) for k, v in (final.edits or {}).items()})
+        return answer, answer
     tool = default_registry().get(record.tool)
     assert tool is not None  # decide_and_act ends an approval whose tool is gone before reporting it
     return apply_edits(tool, record.args, final.edits or {})

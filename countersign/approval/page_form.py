@@ -67,7 +67,12 @@ async def submit_form(ctx: WorkflowSharedContext, form: PageSubmission) -> Submi
     read = {"verdict": verdict, "reason": reason, "edits": edits, "confirm": form.confirm}
     # A long text changed: the approver sees the diff first; only the review's own form, carrying
     # the fingerprint of exactly these edits, decides.
-    if verdict == "approve" and diff.changes(record.args, edits) and form.reviewed != diff.marker(edits):
+    if (
+        verdict == "approve"
+        and record.kind != "question"  # an answer is typed, not an edit of what was frozen: nothing to review
+        and diff.changes(record.args, edits)
+        and form.reviewed != diff.marker(edits)
+    ):
         # Only edits that would be accepted are shown for review; others are refused here, by the
         # decision's own check, before a person spends time on a diff of them.
         try:
@@ -79,9 +84,15 @@ async def submit_form(ctx: WorkflowSharedContext, form: PageSubmission) -> Submi
     decision = _PageDecision(verdict=verdict, reason=reason, confirm=form.confirm, client=form.client)
     # Its refusals (a replaced or expired link, edits or a confirmation that do not fit) are 4xx
     # errors, as `decide`'s are: the page shows them as "Not decided".
-    receipt = await settle_slot(
-        ctx, record, claims.round, claims.slot, check, decision, edits=edits, via="email", peeked=peeked
-    )
+    try:
+        receipt = await settle_slot(
+            ctx, record, claims.round, claims.slot, check, decision, edits=edits, via="email", peeked=peeked
+        )
+    except TerminalError as exc:
+        # A question's answer that does not validate is shown back on its form, with what is wrong.
+        if record.kind != "question" or exc.status_code != 400 or is_cancellation(exc):
+            raise
+        return Submitted(record=record, refused=PageNotice(status=400, title="Not decided", text=exc.message))
     return Submitted.model_validate({"record": record, "receipt": receipt, **read})
 
 

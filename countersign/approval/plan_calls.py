@@ -19,7 +19,7 @@ import restate
 from pydantic import BaseModel, ValidationError
 from restate import RunOptions
 
-from countersign.approval.gate import action_digest
+from countersign.approval.gate import freeze_asked
 from countersign.approval.handover import results_or_cancel
 from countersign.approval.plan import (
     PLAN_TOOL,
@@ -39,7 +39,6 @@ from countersign.contract import ActionRecord, ApprovalRecord, Outcome, Plan
 from countersign.events import emit as events
 from countersign.objects import bookkeeping
 from countersign.objects.audit import AuditEntry
-from countersign.security import links
 from countersign.tools.execute import idempotency_key, run_tool
 from countersign.tools.policy import PolicyError, PolicyVerdict, errors_text
 
@@ -73,30 +72,18 @@ def _ask_plan(raw: dict[str, Any], requester: str, tenant: str) -> _PlanAsked:
 def freeze_plan(facts: RunFacts, index: int, plan: dict[str, Any], why: str, asked: _PlanAsked) -> ApprovalRecord:
     """The approval record of a plan: frozen and digested like an action whose arguments are the plan."""
     assert asked.verdict is not None and asked.opening is not None
-    policy, now = asked.verdict.policy, asked.opening.now
     parsed = Plan.model_validate(plan)
-    return ApprovalRecord(
-        approval_id=links.approval_id(facts.run_id, index),
-        run_id=facts.run_id,
-        tenant=facts.tenant,
-        index=index,
+    return freeze_asked(
+        facts,
+        index,
         tool=PLAN_TOOL,
         kind="plan",
         args=plan,
-        digest=action_digest(facts.run_id, index, PLAN_TOOL, plan),
         summary=describe(parsed),
         why=why or parsed.why,
-        policy=asked.verdict.rule,
-        requester=facts.requester,
-        approvers=list(policy.approvers),
-        quorum=1,
-        active_slots=list(range(len(policy.approvers))),
-        nonces=[asked.opening.nonce],
-        requested_at=now,
-        round_started_at=now,
-        deadline=now + policy.deadline_seconds,
+        verdict=asked.verdict,
+        opening=asked.opening,
         editable=editable_fields(parsed),
-        asked_by=facts.asked_by,
     )
 
 

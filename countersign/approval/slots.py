@@ -20,6 +20,7 @@ from restate import DurablePromise, RunOptions, TerminalError, WorkflowSharedCon
 from countersign.approval import confirm
 from countersign.approval.edits import EditRejected, apply_edits
 from countersign.approval.plan import apply_plan_edits
+from countersign.approval.question import fields_of, parse_answer
 from countersign.approval.run_state import load_approval, load_header
 from countersign.approval.verdict import Verdict, slot_promise
 from countersign.contract import ApprovalRecord, DecisionReceipt
@@ -149,6 +150,8 @@ def checked_edits(record: ApprovalRecord, verdict: str, edits: dict[str, str]) -
     """The fields the approver actually changed, validated; a 400 that decides nothing otherwise."""
     if record.kind == "plan":
         return _checked_plan_edits(record, verdict, edits)
+    if record.kind == "question":
+        return _checked_answer(record, verdict, edits)
     proposed = {k: v for k, v in edits.items() if str(record.args.get(k)) != v}
     if not proposed:
         return {}
@@ -176,6 +179,19 @@ def _checked_plan_edits(record: ApprovalRecord, verdict: str, edits: dict[str, s
     # What is kept is the approver's own form values for exactly what changed, so the approval's
     # workflow applies the same edits again.
     return {k: v for k, v in edits.items() if k in changed}
+
+
+def _checked_answer(record: ApprovalRecord, verdict: str, values: dict[str, str]) -> dict[str, Any]:
+    """A question's answer (the form's values), checked against its frozen form; a 400 that decides
+    nothing otherwise. A decline (a reject) carries no answer. What is kept is the form's own values,
+    so the approval's workflow checks the same answer again (`gate._approved_args`)."""
+    if verdict != "approve":
+        return {}
+    try:
+        parse_answer(fields_of(record.args), values)
+    except EditRejected as exc:
+        raise TerminalError(str(exc), 400) from None
+    return dict(values)
 
 
 _SLOT_STATE = {

@@ -91,7 +91,7 @@ async def run(ctx: WorkflowContext, request: ApprovalRequest) -> GateResult:
     record = request.record
     if ctx.key() != record.approval_id or not links.RUN_ID.match(record.run_id):
         raise TerminalError("the approval id must be the workflow key, and the run id well-formed", 400)
-    if record.kind != "plan" and default_registry().get(record.tool) is None:
+    if record.kind == "action" and default_registry().get(record.tool) is None:
         raise TerminalError(f"unknown tool {record.tool!r}", 400)
     state = RunState(
         run_id=record.run_id, tenant=record.tenant, goal=request.goal, requester=record.requester, model=request.model

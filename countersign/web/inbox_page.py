@@ -31,19 +31,25 @@ class InboxPage:
 
     async def show(self, request: Request) -> Response:
         runs: RunsClient = request.app.state.runs
-        keys, now = self.settings.approvals_signing_keys, time.time()
         try:
-            claims = links.inbox_claims(request.path_params["token"], keys, now)
-            approver = claims.approver
-            view = await runs.inbox(approver)
-            if claims.issued_ms < view.revoked_before_ms:
-                raise LinkInvalid("This inbox link was revoked; the next approval email brings a new one.", status=410)
-            items = [await self._item(runs, approver, entry.approval_id, now) for entry in view.pending]
+            approver, items = await self.pending(runs, request.path_params["token"])
         except LinkInvalid as exc:
             return notice(exc.status, "Link not valid", exc.reason)
         except RunCallFailed as exc:
             return notice(exc.status, "Try again", exc.message)
-        return page("inbox.html", approver=approver, items=[i for i in items if i is not None])
+        return page("inbox.html", approver=approver, items=items)
+
+    async def pending(self, runs: RunsClient, token: str) -> tuple[str, list[dict[str, Any]]]:
+        """The approver an inbox token names and what waits for them (each with a fresh link token);
+        LinkInvalid for a token that is not valid, expired or revoked."""
+        keys, now = self.settings.approvals_signing_keys, time.time()
+        claims = links.inbox_claims(token, keys, now)
+        approver = claims.approver
+        view = await runs.inbox(approver)
+        if claims.issued_ms < view.revoked_before_ms:
+            raise LinkInvalid("This inbox link was revoked; the next approval email brings a new one.", status=410)
+        items = [await self._item(runs, approver, entry.approval_id, now) for entry in view.pending]
+        return approver, [i for i in items if i is not None]
 
     async def _item(self, runs: RunsClient, approver: str, approval_id: str, now: float) -> dict[str, Any] | None:
         status = await runs.status(approval_id)
@@ -56,6 +62,7 @@ class InboxPage:
         token = links.mint(record, slots[0], self.settings.approvals_signing_keys, self.settings.signing_kid)
         return {
             "record": record,
+            "token": token,
             "url": f"{self.settings.approvals_public_url}/approvals/{token}",
             "age": when(record.requested_at),
             "remaining": remaining(record.deadline, now),

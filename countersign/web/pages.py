@@ -16,6 +16,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
 
 from starlette.datastructures import FormData
@@ -26,7 +27,16 @@ from starlette.routing import Route
 from countersign import textdiff as diff
 from countersign.approval import confirm
 from countersign.approval.plan import step_text
-from countersign.contract import ActionRecord, ApprovalRecord, DecisionReceipt, PageSubmission, Plan, RunStatus
+from countersign.approval.question import fields_of
+from countersign.contract import (
+    ActionRecord,
+    ApprovalRecord,
+    DecisionReceipt,
+    PageSubmission,
+    Plan,
+    RunStatus,
+    Submitted,
+)
 from countersign.security import links
 from countersign.security.links import LinkInvalid
 from countersign.settings import Settings
@@ -86,6 +96,8 @@ class ApprovalPages:
             )
         if (stale := self._stale(record, claims.slot, link_state, "the action was")) is not None:
             return stale
+        if record.kind == "question":
+            return self._question(200, token, record, claims.slot, goal=status.goal or "")
         if record.kind == "plan":
             return page(
                 "plan.html",
@@ -114,17 +126,42 @@ class ApprovalPages:
             fingerprint=record.digest[:12],
         )
 
+    def _question(
+        self,
+        status: int,
+        token: str,
+        record: ApprovalRecord,
+        slot: int,
+        *,
+        goal: str = "",
+        values: dict[str, str] | None = None,
+        problem: str | None = None,
+        reason: str = "",
+    ) -> Response:
+        """A question's form (`values`: what was sent, shown back with `problem` when it did not validate)."""
+        return page(
+            "question.html",
+            status,
+            record=record,
+            question=record.args.get("question", ""),
+            fields=fields_of(record.args),
+            default=record.args.get("default"),
+            values=values or {},
+            problem=problem,
+            reason=reason,
+            approver=record.approvers[slot],
+            goal=goal,
+            csrf=links.csrf_token(token, self.settings.approvals_signing_keys, self.settings.signing_kid),
+            deadline=wording.deadline(record.deadline, time.time()),
+            requested=wording.moment(record.requested_at),
+            fingerprint=record.digest[:12],
+        )
+
     @staticmethod
     def _stale(record: ApprovalRecord, slot: int, link_state: links.LinkState, what: str) -> Response | None:
         """The 410 page for an authentic link that no longer decides anything, or None if it is valid."""
-        if link_state == "replaced":
-            if slot not in record.active_slots:
-                now_with = ", ".join(record.approvers[s] for s in record.active_slots)
-                return notice(410, "Handed on", f"This approval was handed to {now_with}; this link no longer works.")
-            return notice(410, "Link replaced", "This link was replaced by a newer one; use the most recent email.")
-        if link_state == "expired":
-            return notice(410, "Link expired", f"This link has expired; {what} not approved.")
-        return None
+        stale = stale_link(record, slot, link_state, what)
+        return None if stale is None else shown(stale)
 
     async def _submit(self, request: Request, runs: RunsClient, token: str) -> Response:
         """A POST: the link's form, once, and its decision. A single approval's POST is one
@@ -148,33 +185,16 @@ class ApprovalPages:
             client=client,
             reviewed=str(form.get("reviewed", ""))[:100],
         )
-        # The same form sent twice (a double click, a retried request) is one decision, and both
-        # are told it was theirs.
-        key = links.token_fingerprint(f"{token}|{submission.model_dump_json(exclude={'client'})}")
-        wanted = links.approval_id(claims.run_id, claims.index)
-        try:
-            submitted = await runs.submit(wanted, submission, key)
-        except RunCallFailed as exc:
-            return _not_decided(exc)
-        if submitted.takeover == "unknown":
-            # Not saved yet: wait for the record with reads, as a GET does (503 or 410 if it does not
-            # come; 403 at once if our keys did not seal the link), then submit again; under a key of
-            # its own, since Restate keeps the first answer for the first key.
-            sealed = links.sealed(token, self.settings.approvals_signing_keys)
-            try:
-                _may_wait_for_record(sealed, claims.exp)  # refused before any read, as a GET is after one
-                await _approval_status(runs.status, wanted, claims.exp, sealed)
-            except LinkInvalid as exc:
-                return _link_notice(exc)
-            except RunCallFailed as exc:
-                return notice(exc.status, "Try again", exc.message)
-            try:
-                submitted = await runs.submit(wanted, submission, links.token_fingerprint(f"{key}|saved"))
-            except RunCallFailed as exc:
-                return _not_decided(exc)
-            if submitted.takeover == "unknown":  # read by `status`, yet not by `submit`: nothing decided
-                return notice(503, "Try again", "This approval is still being set up. Please try again in a minute.")
+        submitted = await submit_once(self.settings, runs, token, claims, submission)
+        if isinstance(submitted, Failure):
+            return shown(submitted)
         record = submitted.record
+        refused = submitted.refused
+        if refused is not None and refused.status == 400 and record is not None and record.kind == "question":
+            # The form again, with the answer as sent and what is wrong with it.
+            return self._question(
+                400, token, record, claims.slot, values=submission.edits, problem=refused.text, reason=submission.reason
+            )
         if submitted.refused is not None:
             return notice(submitted.refused.status, submitted.refused.title, submitted.refused.text)
         if submitted.takeover == "batch":
@@ -197,6 +217,9 @@ class ApprovalPages:
             return notice(503, "Not confirmed", "The approval service gave no answer.", hint=wording.UNCONFIRMED_HINT)
         if not receipt.accepted:
             return self._decided(409, record, receipt, attempted=submitted.verdict)
+        if record.kind == "question":
+            when = wording.moment(receipt.decided_at) if receipt.decided_at is not None else None
+            return page("answered.html", 200, record=record, receipt=receipt, when=when, answer=receipt.edits or {})
         return page(
             "decided.html",
             200,
@@ -226,21 +249,9 @@ class ApprovalPages:
     async def _checked(
         self, runs: RunsClient, main: StatusCall, token: str
     ) -> tuple[RunStatus, ApprovalRecord, links.LinkClaims, links.LinkState] | Response:
-        """The approval the link names (read with `main`, a batch's items beside it) and the link
-        checked against it; or the page that says why not."""
-        try:
-            claims = links.parse(token)
-            sealed = links.sealed(token, self.settings.approvals_signing_keys)
-            loaded = await self._load(runs, main, claims, sealed)
-            if loaded is None:
-                raise LinkInvalid("This link is not valid.")
-            status, record = loaded
-            claims, link_state = links.check(token, record, self.settings.approvals_signing_keys, time.time())
-        except LinkInvalid as exc:
-            return _link_notice(exc)
-        except RunCallFailed as exc:
-            return notice(exc.status, "Try again", exc.message)
-        return status, record, claims, link_state
+        """As `checked_link`, its failure as a page."""
+        checked = await checked_link(self.settings, runs, main, token)
+        return shown(checked) if isinstance(checked, Failure) else checked
 
     async def _check_post(self, request: Request, token: str) -> FormData | Response:
         """The form of a same-origin POST carrying this link's CSRF value, or the refusal page."""
@@ -281,39 +292,147 @@ class ApprovalPages:
         at = receipt.decided_at if receipt else record.decided_at
         reason = receipt.reason if receipt else record.reason
         via = receipt.decided_via if receipt else record.decided_via
-        closed = wording.closed_state(state, by, at, reason, action, via, record.asker)
+        if record.kind == "question":
+            closed = wording.question_closed(state, by, at, reason, record.decision_source)
+        else:
+            closed = wording.closed_state(state, by, at, reason, action, via, record.asker)
         return page("already.html", status, record=record, state=state, closed=closed, attempted=attempted)
 
     def _same_origin(self, request: Request) -> bool:
-        origin = request.headers.get("origin")
-        fetch_site = request.headers.get("sec-fetch-site")
-        if origin == self.origin:
-            return fetch_site in (None, "same-origin")
-        return origin == "null" and fetch_site == "same-origin"
+        return same_origin(request, self.origin)
 
     @staticmethod
     async def _form(request: Request) -> FormData | None:
-        if request.headers.get("content-type", "").split(";")[0].strip() != "application/x-www-form-urlencoded":
-            return None
-        length = request.headers.get("content-length", "0")
-        if not length.isdigit() or int(length) > _MAX_FORM_BYTES:
-            return None
-        body = b""
-        try:
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > _MAX_FORM_BYTES:  # a body sent without its length (chunked) stops here too
-                    return None
-        except ClientDisconnect:
-            # A closed tab or a dropped connection, not our failure: nobody reads the answer, and left
-            # to the app's error handler this would be an ERROR with two tracebacks.
-            log.info("a client disconnected before its form arrived; nothing was decided")
+        body = await read_body(request, "application/x-www-form-urlencoded")
+        if body is None:
             return None
         try:
             fields = parse_qsl(body.decode(), keep_blank_values=True, errors="strict", max_num_fields=_MAX_FORM_FIELDS)
         except ValueError:  # invalid UTF-8 (raw or percent-encoded), or too many fields
             return None
         return FormData([(name, value) for name, value in fields])
+
+
+def same_origin(request: Request, origin: str) -> bool:
+    """Whether a browser sent this request from a page of `origin` (see DESIGN: with a same-origin
+    referrer policy Chromium may send `Origin: null` on a form POST, with `Sec-Fetch-Site: same-origin`)."""
+    sent = request.headers.get("origin")
+    fetch_site = request.headers.get("sec-fetch-site")
+    if sent == origin:
+        return fetch_site in (None, "same-origin")
+    return sent == "null" and fetch_site == "same-origin"
+
+
+async def read_body(request: Request, content_type: str) -> bytes | None:
+    """A POST's body, if it is of `content_type` and at most 64 KiB (None otherwise, and when the
+    client went away before it arrived)."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != content_type:
+        return None
+    length = request.headers.get("content-length", "0")
+    if not length.isdigit() or int(length) > _MAX_FORM_BYTES:
+        return None
+    body = b""
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > _MAX_FORM_BYTES:  # a body sent without its length (chunked) stops here too
+                return None
+    except ClientDisconnect:
+        # A closed tab or a dropped connection, not our failure: nobody reads the answer, and left
+        # to the app's error handler this would be an ERROR with two tracebacks.
+        log.info("a client disconnected before its form arrived; nothing was decided")
+        return None
+    return body
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a POST decided nothing that `Approval.submit` could say (a link that does not verify, a
+    service that did not answer): the status, title and text the page shows. `unconfirmed`: a 5xx
+    that may come after the decision was recorded (its answer was lost), so it claims neither."""
+
+    status: int
+    title: str
+    text: str
+    unconfirmed: bool = False
+
+
+async def submit_once(
+    settings: Settings, runs: RunsClient, token: str, claims: links.LinkClaims, submission: PageSubmission
+) -> Submitted | Failure:
+    """A POST's submission (from the page's form or the API's JSON, after the checks each makes of
+    its request), decided in one `Approval.submit` call by `decide`'s rules; an approval whose record
+    is not saved yet is waited for (bounded) and submitted again. The same submission sent twice (a
+    double click, a retried request) is one decision, and both are told it was theirs."""
+    key = links.token_fingerprint(f"{token}|{submission.model_dump_json(exclude={'client'})}")
+    wanted = links.approval_id(claims.run_id, claims.index)
+    try:
+        submitted = await runs.submit(wanted, submission, key)
+    except RunCallFailed as exc:
+        return _not_decided(exc)
+    if submitted.takeover != "unknown":
+        return submitted
+    # Not saved yet: wait for the record with reads, as a GET does (503 or 410 if it does not come;
+    # 403 at once if our keys did not seal the link), then submit again; under a key of its own,
+    # since Restate keeps the first answer for the first key.
+    sealed = links.sealed(token, settings.approvals_signing_keys)
+    try:
+        _may_wait_for_record(sealed, claims.exp)  # refused before any read, as a GET is after one
+        await _approval_status(runs.status, wanted, claims.exp, sealed)
+    except LinkInvalid as exc:
+        return link_failure(exc)
+    except RunCallFailed as exc:
+        return Failure(exc.status, "Try again", exc.message)
+    try:
+        submitted = await runs.submit(wanted, submission, links.token_fingerprint(f"{key}|saved"))
+    except RunCallFailed as exc:
+        return _not_decided(exc)
+    if submitted.takeover == "unknown":  # read by `status`, yet not by `submit`: nothing decided
+        return Failure(503, "Try again", "This approval is still being set up. Please try again in a minute.")
+    return submitted
+
+
+async def checked_link(
+    settings: Settings, runs: RunsClient, main: StatusCall, token: str
+) -> tuple[RunStatus, ApprovalRecord, links.LinkClaims, links.LinkState] | Failure:
+    """The approval the link names (read with `main`, a batch's items beside it) and the link
+    checked against it; or why not."""
+    try:
+        claims = links.parse(token)
+        sealed = links.sealed(token, settings.approvals_signing_keys)
+        loaded = await ApprovalPages._load(runs, main, claims, sealed)
+        if loaded is None:
+            raise LinkInvalid("This link is not valid.")
+        status, record = loaded
+        claims, link_state = links.check(token, record, settings.approvals_signing_keys, time.time())
+    except LinkInvalid as exc:
+        return link_failure(exc)
+    except RunCallFailed as exc:
+        return Failure(exc.status, "Try again", exc.message)
+    return status, record, claims, link_state
+
+
+def link_failure(exc: LinkInvalid) -> Failure:
+    return Failure(exc.status, "Link expired" if exc.status == 410 else "Link not valid", exc.reason)
+
+
+def stale_link(record: ApprovalRecord, slot: int, link_state: links.LinkState, what: str) -> Failure | None:
+    """Why an authentic link no longer decides anything (a 410), or None if it is valid."""
+    if link_state == "replaced":
+        if slot not in record.active_slots:
+            now_with = ", ".join(record.approvers[s] for s in record.active_slots)
+            return Failure(410, "Handed on", f"This approval was handed to {now_with}; this link no longer works.")
+        return Failure(410, "Link replaced", "This link was replaced by a newer one; use the most recent email.")
+    if link_state == "expired":
+        return Failure(410, "Link expired", f"This link has expired; {what} not approved.")
+    return None
+
+
+def shown(failure: Failure) -> Response:
+    """A failure as the page shows it."""
+    if failure.unconfirmed:
+        return notice(failure.status, failure.title, failure.text, hint=wording.UNCONFIRMED_HINT)
+    return notice(failure.status, failure.title, failure.text)
 
 
 async def _with_batch(
@@ -345,15 +464,15 @@ def _may_wait_for_record(sealed: bool, expires: int) -> None:
 
 
 def _link_notice(exc: LinkInvalid) -> Response:
-    return notice(exc.status, "Link expired" if exc.status == 410 else "Link not valid", exc.reason)
+    return shown(link_failure(exc))
 
 
-def _not_decided(exc: RunCallFailed) -> Response:
+def _not_decided(exc: RunCallFailed) -> Failure:
     """A failed `submit`: its own refusal (4xx, nothing decided), or a 5xx, which may come after the
     decision was recorded (the answer was lost): claim neither."""
     if exc.status >= 500:
-        return notice(exc.status, "Not confirmed", exc.message, hint=wording.UNCONFIRMED_HINT)
-    return notice(exc.status, "Not decided", exc.message)
+        return Failure(exc.status, "Not confirmed", exc.message, unconfirmed=True)
+    return Failure(exc.status, "Not decided", exc.message)
 
 
 async def _approval_status(call: StatusCall, approval_id: str, expires: int, sealed: bool) -> RunStatus:

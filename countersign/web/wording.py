@@ -100,6 +100,30 @@ def closed_state(
     return view
 
 
+def question_closed(state: str, by: str | None, at: float | None, reason: str | None, source: str | None) -> StateView:
+    """Words for a question that no longer waits for an answer (`source`: the record's decision source)."""
+    when = f" at {moment(at).text}" if at is not None else ""
+    who = f" by {by}" if by else ""
+    if state in ("approved", "approved_with_edits") and source == "deadline_default":
+        return StateView(
+            "Answered by default",
+            f"Nobody answered by the deadline{when}; the default answer stands.",
+            "The workflow that asked carries on with its default answer.",
+        )
+    match state:
+        case "approved" | "approved_with_edits":
+            view = StateView("Already answered", f"This question was answered{who}{when}.", "Its answer was sent.")
+        case "rejected":
+            view = StateView("Declined", f"This question was declined{who}{when}.", "The reason was sent instead.")
+        case "expired":
+            view = StateView(
+                "Expired", f"Nobody answered this question by its deadline{when}.", "It expired unanswered."
+            )
+        case _:
+            view = StateView(f"Closed ({state})", f"This question was {state}{who}{when}.", "It takes no answer now.")
+    return StateView(view.title, view.headline, view.consequence, reason if state != "expired" else None)
+
+
 def _closed_words(
     state: str, by: str | None, at: float | None, action: ActionRecord | None, who_asked: str
 ) -> StateView:

@@ -1,0 +1,133 @@
+"""A question with a typed answer (`ask_person`) from a user's own Service, answered by a person
+through the real email and page: the form made from the answer model, a bad answer shown back and
+deciding nothing, the typed answer returned, a second answer refused, a decline, the deadline
+with and without a default answer, a model outside the form's subset refused before anything is
+sent, and a kill -9 of the handler while the question waits; against the real restate-server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from urllib.parse import urlencode, urlsplit
+
+import httpx
+import pytest
+from support.approver import CSRF, approval_emails, form_csrf, open_page, wait_for_email
+from support.processes import IsolatedStack, StackFactory, wait_until
+from support.questions import ANSWERER, QUESTION
+
+VALID = {"account": "DE89-3704", "amount": "120.50", "draft": "formal", "notify": "on", "tags": "vip\nrepeat"}
+
+
+@pytest.fixture()
+def stack(isolated_stack: StackFactory) -> Iterator[IsolatedStack]:
+    yield isolated_stack(app_env={"COUNTERSIGN_SERVICES": "tests.support.questions:served"})
+
+
+def answer(link: str, values: dict[str, str], verdict: str = "approve", reason: str = "") -> httpx.Response:
+    """POST the question's form as a browser would (same Origin, the page's CSRF value); a checkbox
+    sends its hidden empty value and then `on` when ticked, as the page's form does."""
+    parts = urlsplit(link)
+    data: list[tuple[str, str]] = [("csrf", form_csrf(link)), ("verdict", verdict), ("reason", reason)]
+    for name, value in values.items():
+        if name == "notify":
+            data.append(("edit.notify", ""))
+        data.append((f"edit.{name}", value))
+    headers = {"Origin": f"{parts.scheme}://{parts.netloc}", "Content-Type": "application/x-www-form-urlencoded"}
+    return httpx.post(link, content=urlencode(data), headers=headers, timeout=30)
+
+
+def test_a_question_is_answered_on_its_page_a_bad_answer_decides_nothing_and_a_second_is_refused(
+    stack: IsolatedStack,
+) -> None:
+    invocation = stack.ingress.send("Asker", None, "ask", {"run_id": "q-1"})
+    [mail] = wait_for_email(stack.outbox_dir, "q-1")
+    assert QUESTION in mail.text and "has a question for you" in mail.text
+    assert "Your answer is needed" in str(mail.message["Subject"])
+    page = open_page(mail.link)
+    assert page.status_code == 200 and QUESTION in page.text
+    # The form made from the model: a radio button per Literal choice, a checkbox, a list's text area.
+    for part in ('value="formal"', 'type="checkbox"', 'name="edit.tags"', 'inputmode="decimal"', "bank statement"):
+        assert part in page.text
+    bad = answer(mail.link, {**VALID, "amount": "-5", "account": "DE89-typed"})
+    assert bad.status_code == 400
+    assert "amount" in bad.text and "greater than or equal to 0" in bad.text and "Nothing was decided" in bad.text
+    assert 'value="DE89-typed"' in bad.text, "the answer as sent is shown back"
+    wrong_choice = answer(mail.link, {**VALID, "draft": "poem"})
+    assert wrong_choice.status_code == 400 and "not one of the choices" in wrong_choice.text
+    status = stack.ingress.call("Approval", "q-1-a0", "status", None).json()
+    assert status["approvals"][0]["state"] == "pending", "a bad answer decides nothing"
+    good = answer(mail.link, VALID)
+    assert good.status_code == 200, good.text
+    result = stack.ingress.wait_invocation(invocation).json()
+    assert result["outcome"] == "answered" and result["kind"] == "RefundTarget"
+    assert result["answer"] == {
+        "account": "DE89-3704",
+        "amount": 120.5,
+        "draft": "formal",
+        "notify": True,
+        "tags": ["vip", "repeat"],
+    }
+    assert result["answered_by"] == ANSWERER and result["decision_source"] == "human"
+    assert "Answer sent" in good.text and "DE89-3704" in good.text
+    # A second, different answer through the same link (the form was still open in another tab).
+    second = {**VALID, "account": "FR76-3000"}
+    again = httpx.post(
+        mail.link,
+        data={"csrf": form_csrf_of(bad.text), "verdict": "approve", **{f"edit.{k}": v for k, v in second.items()}},
+        headers={"Origin": stack.app.url},
+        timeout=30,
+    )
+    assert again.status_code == 409 and "Already answered" in again.text, again.text
+    record = stack.ingress.call("Approval", "q-1-a0", "status", None).json()["approvals"][0]
+    assert record["kind"] == "question" and record["state"] == "approved" and record["edits"]["amount"] == 120.5
+
+
+def form_csrf_of(html: str) -> str:
+    match = CSRF.search(html)
+    assert match, "no form on the page"
+    return match.group(1)
+
+
+def test_a_declined_question_returns_the_reason_and_no_answer(stack: IsolatedStack) -> None:
+    invocation = stack.ingress.send("Asker", None, "ask", {"run_id": "q-2"})
+    [mail] = wait_for_email(stack.outbox_dir, "q-2")
+    assert answer(mail.link, {}, verdict="reject", reason="ask finance, not me").status_code == 200
+    result = stack.ingress.wait_invocation(invocation).json()
+    assert result["outcome"] == "declined" and result["answer"] is None
+    assert result["reason"] == "ask finance, not me"
+
+
+def test_at_the_deadline_a_question_ends_with_its_default_or_expires(stack: IsolatedStack) -> None:
+    defaulted = stack.ingress.send("Asker", None, "ask", {"run_id": "q-3", "deadline_seconds": 2, "with_default": True})
+    expired = stack.ingress.send("Asker", None, "ask", {"run_id": "q-4", "deadline_seconds": 2})
+    [mail] = wait_for_email(stack.outbox_dir, "q-3")
+    page = open_page(mail.link)
+    assert "the answer will be" in page.text and "store-credit" in page.text
+    first = stack.ingress.wait_invocation(defaulted, timeout=30).json()
+    assert first["outcome"] == "defaulted" and first["decision_source"] == "deadline_default"
+    assert first["answer"]["account"] == "store-credit" and first["answered_by"] is None
+    second = stack.ingress.wait_invocation(expired, timeout=30).json()
+    assert second["outcome"] == "expired" and second["answer"] is None
+    [late] = approval_emails(stack.outbox_dir, "q-4")
+    after = open_page(late.link)
+    assert "expired" in after.text.lower() and 'name="edit.account"' not in after.text
+
+
+def test_a_model_outside_the_forms_subset_is_refused_before_anything_is_sent(stack: IsolatedStack) -> None:
+    invocation = stack.ingress.send("Asker", None, "ask", {"run_id": "q-5", "nested": True})
+    response = stack.ingress.wait_invocation(invocation)
+    assert response.status_code == 400, response.text
+    assert "Nested.target" in response.text and "outside the form's subset" in response.text
+    assert approval_emails(stack.outbox_dir, "q-5") == []
+
+
+def test_kill9_of_the_handler_while_a_question_waits_then_answer(stack: IsolatedStack) -> None:
+    invocation = stack.ingress.send("Asker", None, "ask", {"run_id": "q-6"})
+    [mail] = wait_for_email(stack.outbox_dir, "q-6")
+    stack.app.kill9()
+    stack.app.restart()
+    response = wait_until(lambda: answer(mail.link, VALID) if stack.app.alive() else None, 30, "an answer accepted")
+    assert response.status_code == 200, response.text
+    result = stack.ingress.wait_invocation(invocation, timeout=60).json()
+    assert result["outcome"] == "answered" and result["answer"]["account"] == "DE89-3704"
+    assert len(approval_emails(stack.outbox_dir, "q-6")) == 1, "the question was asked once"

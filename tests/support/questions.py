@@ -1,0 +1,65 @@
+"""A user's own code for tests/test_ask_person.py, served beside Countersign with
+COUNTERSIGN_SERVICES=tests.support.questions:served: a Service that asks a person a question with a
+typed answer (`ask_person`) and returns what it got back, as JSON."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import restate
+from pydantic import BaseModel, Field
+
+from countersign import ask_person
+
+REQUESTER = "alice@example.com"
+ANSWERER = "ops@example.com"
+QUESTION = "Which account should the refund for order 1042 go to?"
+
+
+class RefundTarget(BaseModel):
+    account: str = Field(min_length=3, max_length=40, description="as it appears on the bank statement")
+    amount: float = Field(ge=0, le=5000)
+    draft: Literal["short", "long", "formal"]
+    notify: bool = False
+    tags: list[str] = Field(default_factory=list, max_length=3)
+
+
+class Nested(BaseModel):
+    target: RefundTarget
+
+
+class Ask(BaseModel):
+    run_id: str
+    deadline_seconds: int = 3600
+    with_default: bool = False
+    nested: bool = False
+
+
+asker = restate.Service("Asker")
+
+
+@asker.handler()
+async def ask(ctx: restate.Context, ask: Ask) -> dict[str, Any]:
+    if ask.nested:
+        refused = await ask_person(
+            ctx, question=QUESTION, answer_model=Nested, to=[ANSWERER], requester=REQUESTER, run_id=ask.run_id
+        )
+        return refused.model_dump(mode="json")
+    default = RefundTarget(account="store-credit", amount=0, draft="short") if ask.with_default else None
+    answer = await ask_person(
+        ctx,
+        question=QUESTION,
+        answer_model=RefundTarget,
+        to=[ANSWERER],
+        requester=REQUESTER,
+        default=default,
+        deadline_seconds=ask.deadline_seconds,
+        run_id=ask.run_id,
+        why="the customer changed banks",
+    )
+    # The answer is the caller's own model, typed: its fields are read as such.
+    assert answer.answer is None or isinstance(answer.answer, RefundTarget)
+    return {**answer.model_dump(mode="json"), "kind": type(answer.answer).__name__}
+
+
+served = [asker]
