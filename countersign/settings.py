@@ -27,6 +27,7 @@ SigningKeys = Annotated[dict[str, bytes], NoDecode]
 _DOMAIN = re.compile(r"^@[a-z0-9-]{1,63}(\.[a-z0-9-]{1,63})*\.[a-z]{2,24}\Z")
 _TOOLS_SPEC = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*\Z")
 _IDENTITY_KEY = re.compile(r"^publickeyv1_[1-9A-HJ-NP-Za-km-z]{32,64}\Z")
+_ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 _SERVICE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*\Z")
 WebhookEventType = Literal["approval.requested", "approval.decided", "action.executed", "run.finished"]
 WEBHOOK_EVENT_TYPES: tuple[WebhookEventType, ...] = (
@@ -166,6 +167,12 @@ class Settings(BaseSettings):
         le=600,
         description="Public listener: a connection on which nothing arrives for this long is closed (keep it "
         "above the slowest page answer: hypercorn counts that wait too).",
+    )
+    approvals_api_allowed_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Origins (`https://admin.example.com`, comma-separated) whose browser pages may call the "
+        "approver JSON API (`/api/v1/…`) across origins (CORS); empty, the default: only the pages' own origin "
+        "and clients that send no `Origin` (servers).",
     )
     pages_body_timeout_seconds: float = Field(
         default=10.0,
@@ -447,6 +454,16 @@ class Settings(BaseSettings):
             if not _SERVICE_PATH.match(path):
                 raise ValueError(f"{path[:80]!r} is not package.module:ATTR (comma-separated for several)")
         return paths
+
+    @field_validator("approvals_api_allowed_origins", mode="before")
+    @classmethod
+    def _parse_origins(cls, raw: object) -> list[str]:
+        items = [str(k) for k in raw] if isinstance(raw, list) else str(raw or "").split(",")
+        origins = [k.strip().rstrip("/") for k in items if k.strip()]
+        for origin in origins:
+            if not _ORIGIN.match(origin):
+                raise ValueError(f"{origin[:80]!r} is not an origin: scheme://host[:port], no path (comma-separated)")
+        return origins
 
     @field_validator("countersign_webhooks", mode="before")
     @classmethod

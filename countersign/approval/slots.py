@@ -208,7 +208,8 @@ def _receipt(record: ApprovalRecord, verdict: Verdict, *, accepted: bool) -> Dec
     return DecisionReceipt(
         accepted=accepted,
         approval_id=record.approval_id,
-        state=_slot_state(verdict),
+        # A question's answer travels as its verdict's edits: answered is "approved", not "with edits".
+        state="approved" if record.kind == "question" and verdict.kind == "approve" else _slot_state(verdict),
         decided_by=verdict.by,
         decided_at=verdict.at,
         decided_via=verdict.via if verdict.source == "human" else None,

@@ -34,6 +34,7 @@ from countersign.security.codec import journal_codec
 from countersign.settings import Settings, get_settings
 from countersign.tools import use_tools
 from countersign.tools.registry import Tool
+from countersign.web.api import ApproverApi
 from countersign.web.hardening import RESTATE_PREFIX, BodyDeadline, SecurityHeaders, http_error
 from countersign.web.inbox_page import InboxPage
 from countersign.web.pages import ApprovalPages
@@ -88,6 +89,7 @@ def public_app(settings: Settings) -> Starlette:
             *ResendWebhooks(settings).routes(),
             *SlackInteractions(settings).routes(),
             *InboxPage(settings).routes(),
+            *ApproverApi(settings).routes(),
         ],
         lifespan=lifespan,
         middleware=[

@@ -13,14 +13,20 @@ import httpx
 import pytest
 from support.approver import CSRF, approval_emails, form_csrf, open_page, wait_for_email
 from support.processes import IsolatedStack, StackFactory, wait_until
-from support.questions import ANSWERER, QUESTION
+from support.questions import ANSWERED, ANSWERER, QUESTION
 
+ADMIN = "https://admin.example.com"
 VALID = {"account": "DE89-3704", "amount": "120.50", "draft": "formal", "notify": "on", "tags": "vip\nrepeat"}
 
 
 @pytest.fixture()
 def stack(isolated_stack: StackFactory) -> Iterator[IsolatedStack]:
-    yield isolated_stack(app_env={"COUNTERSIGN_SERVICES": "tests.support.questions:served"})
+    app_env = {"COUNTERSIGN_SERVICES": "tests.support.questions:served", "APPROVALS_API_ALLOWED_ORIGINS": ADMIN}
+    yield isolated_stack(app_env=app_env)
+
+
+def api(stack: IsolatedStack, link: str, suffix: str = "") -> str:
+    return f"{stack.app.url}/api/v1/items/{link.rsplit('/approvals/', 1)[1]}{suffix}"
 
 
 def answer(link: str, values: dict[str, str], verdict: str = "approve", reason: str = "") -> httpx.Response:
@@ -60,13 +66,7 @@ def test_a_question_is_answered_on_its_page_a_bad_answer_decides_nothing_and_a_s
     assert good.status_code == 200, good.text
     result = stack.ingress.wait_invocation(invocation).json()
     assert result["outcome"] == "answered" and result["kind"] == "RefundTarget"
-    assert result["answer"] == {
-        "account": "DE89-3704",
-        "amount": 120.5,
-        "draft": "formal",
-        "notify": True,
-        "tags": ["vip", "repeat"],
-    }
+    assert result["answer"] == ANSWERED
     assert result["answered_by"] == ANSWERER and result["decision_source"] == "human"
     assert "Answer sent" in good.text and "DE89-3704" in good.text
     # A second, different answer through the same link (the form was still open in another tab).
@@ -88,6 +88,51 @@ def form_csrf_of(html: str) -> str:
     return match.group(1)
 
 
+def test_a_question_is_answered_through_the_api_checked_as_the_page_checks_it(stack: IsolatedStack) -> None:
+    invocation = stack.ingress.send("Asker", None, "ask", {"run_id": "q-7"})
+    [mail] = wait_for_email(stack.outbox_dir, "q-7")
+    view = httpx.get(api(stack, mail.link), timeout=30).json()
+    assert view["kind"] == "question" and view["question"] == QUESTION and view["state"] == "pending"
+    assert [f["name"] for f in view["fields"]] == ["account", "amount", "draft", "notify", "tags"]
+    assert view["fields"][2]["choices"] == ["short", "long", "formal"]
+    typed = {"account": "DE89-3704", "amount": 99.5, "draft": "long", "notify": False, "tags": ["a"]}
+    bad = httpx.post(
+        api(stack, mail.link, "/decision"),
+        json={"verdict": "answer", "answer": {**typed, "amount": 9000}, "csrf": view["csrf"]},
+        timeout=30,
+    )
+    assert bad.status_code == 400 and bad.headers["content-type"] == "application/problem+json"
+    assert "less than or equal to 5000" in bad.json()["detail"]
+    assert httpx.get(api(stack, mail.link), timeout=30).json()["state"] == "pending", "a bad answer decides nothing"
+    # A browser page of an allowed origin may call the API (CORS), and its preflight is answered.
+    preflight = httpx.options(
+        api(stack, mail.link, "/decision"),
+        headers={
+            "Origin": ADMIN,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type",
+        },
+        timeout=30,
+    )
+    assert preflight.headers.get("access-control-allow-origin") == ADMIN
+    good = httpx.post(
+        api(stack, mail.link, "/decision"),
+        json={"verdict": "answer", "answer": typed, "csrf": view["csrf"]},
+        headers={"Origin": ADMIN},
+        timeout=30,
+    )
+    assert good.status_code == 200, good.text
+    assert good.headers["access-control-allow-origin"] == ADMIN
+    result = stack.ingress.wait_invocation(invocation).json()
+    assert result["outcome"] == "answered" and result["answer"] == typed
+    twice = httpx.post(
+        api(stack, mail.link, "/decision"),
+        json={"verdict": "answer", "answer": {**typed, "account": "other-acct"}, "csrf": view["csrf"]},
+        timeout=30,
+    )
+    assert twice.status_code == 409 and twice.json()["state"] == "approved"
+
+
 def test_a_declined_question_returns_the_reason_and_no_answer(stack: IsolatedStack) -> None:
     invocation = stack.ingress.send("Asker", None, "ask", {"run_id": "q-2"})
     [mail] = wait_for_email(stack.outbox_dir, "q-2")
@@ -101,6 +146,8 @@ def test_at_the_deadline_a_question_ends_with_its_default_or_expires(stack: Isol
     defaulted = stack.ingress.send("Asker", None, "ask", {"run_id": "q-3", "deadline_seconds": 2, "with_default": True})
     expired = stack.ingress.send("Asker", None, "ask", {"run_id": "q-4", "deadline_seconds": 2})
     [mail] = wait_for_email(stack.outbox_dir, "q-3")
+    [late] = wait_for_email(stack.outbox_dir, "q-4")
+    late_csrf = form_csrf(late.link)  # the link's own, as its page gave it while it waited
     page = open_page(mail.link)
     assert "the answer will be" in page.text and "store-credit" in page.text
     first = stack.ingress.wait_invocation(defaulted, timeout=30).json()
@@ -108,7 +155,11 @@ def test_at_the_deadline_a_question_ends_with_its_default_or_expires(stack: Isol
     assert first["answer"]["account"] == "store-credit" and first["answered_by"] is None
     second = stack.ingress.wait_invocation(expired, timeout=30).json()
     assert second["outcome"] == "expired" and second["answer"] is None
-    [late] = approval_emails(stack.outbox_dir, "q-4")
+    view = httpx.get(api(stack, late.link), timeout=30).json()
+    assert view["state"] == "expired" and view["csrf"] is None
+    body = {"verdict": "answer", "answer": {"account": "DE89-3704", "amount": 1, "draft": "short"}, "csrf": late_csrf}
+    too_late = httpx.post(api(stack, late.link, "/decision"), json=body, timeout=30)
+    assert too_late.status_code == 409 and too_late.headers["content-type"] == "application/problem+json"
     after = open_page(late.link)
     assert "expired" in after.text.lower() and 'name="edit.account"' not in after.text
 

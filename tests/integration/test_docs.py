@@ -187,14 +187,19 @@ def test_the_services_table_names_every_service_and_handler_the_endpoint_serves(
 
 
 def test_the_routes_table_names_every_route_of_the_pages() -> None:
-    from starlette.routing import Route
+    from starlette.routing import Mount, Route
 
     from countersign.runtime.app import public_app
     from countersign.settings import Settings
 
     app = public_app(Settings(countersign_env="test", approvals_signing_keys={"k1": b"s" * 32}))
+    routes = [(route, "") for route in app.routes]
+    routes += [(inner, route.path) for route in app.routes if isinstance(route, Mount) for inner in route.routes]
     served = {
-        (method, route.path) for route in app.routes if isinstance(route, Route) for method in route.methods or ()
+        (method, prefix + route.path)
+        for route, prefix in routes
+        if isinstance(route, Route)
+        for method in route.methods or ()
     }
     documented = set()
     for cells in _table_rows(DOCS / "reference" / "services.md", "| route |"):

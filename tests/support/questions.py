@@ -1,4 +1,4 @@
-"""A user's own code for tests/test_ask_person.py, served beside Countersign with
+"""A user's own code for tests/integration/test_ask_person.py, served beside Countersign with
 COUNTERSIGN_SERVICES=tests.support.questions:served: a Service that asks a person a question with a
 typed answer (`ask_person`) and returns what it got back, as JSON."""
 
@@ -14,6 +14,8 @@ from countersign import ask_person
 REQUESTER = "alice@example.com"
 ANSWERER = "ops@example.com"
 QUESTION = "Which account should the refund for order 1042 go to?"
+ANSWERED = {"account": "DE89-3704", "amount": 120.5, "draft": "formal", "notify": True, "tags": ["vip", "repeat"]}
+"""The answer the tests type on the form (120.50, Notify ticked, two tags), as the handler gets it back."""
 
 
 class RefundTarget(BaseModel):

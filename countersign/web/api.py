@@ -1,0 +1,366 @@
+"""The JSON API for approver UIs, `/api/v1/…` on the pages' listener: read what a link shows, decide
+or answer it, list an approver's inbox.
+
+Guarantee: the API is the pages' own code path with JSON in place of HTML: a GET reads what the page
+shows (and records the view, as the page's GET does) and never decides; a decision is checked as the
+page's POST checks it (the link and its CSRF value, the origin a browser sent, the body's type and
+size, then one `Approval.submit` call with `decide`'s rules, shared with the page, not copied), so it
+can do nothing the page cannot. Every refusal is an RFC 9457 `application/problem+json` with the
+status the page would answer. No CORS headers unless `APPROVALS_API_ALLOWED_ORIGINS` names origins;
+a browser on any other origin can neither read an answer nor send a JSON POST (its preflight fails).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, Field, ValidationError
+from pydantic.json_schema import models_json_schema
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route, Router
+
+from countersign import textdiff as diff
+from countersign.approval import confirm
+from countersign.approval.question import fields_of, form_values
+from countersign.contract import ApprovalRecord, PageSubmission, Strict, Submitted
+from countersign.security import links
+from countersign.security.links import LinkInvalid
+from countersign.settings import Settings
+from countersign.tools.registry import validation_message
+from countersign.web.inbox_page import InboxPage
+from countersign.web.pages import Failure, checked_link, link_failure, read_body, same_origin, stale_link, submit_once
+from countersign.web.runs_client import RunCallFailed, RunsClient
+
+PREFIX = "/api/v1"
+PROBLEM = "application/problem+json"
+_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+
+
+class ItemView(BaseModel):
+    """What an approval or question page shows, as data (`GET /api/v1/items/{token}`)."""
+
+    approval_id: str
+    kind: Literal["action", "plan", "question"]
+    state: str
+    """pending while it waits; else how it ended (approved, approved_with_edits, rejected, expired, …)."""
+    summary: str
+    approver: str = Field(description="whom this link acts for")
+    requester: str
+    why: str
+    policy: str
+    requested_at: float
+    deadline: float
+    fingerprint: str
+    digest: str
+    tool: str
+    args: dict[str, Any] = Field(description="the frozen arguments (a plan's steps; a question's text and form)")
+    editable: dict[str, str] = Field(description="the fields an approver may change, with their rule")
+    confirm_field: str | None = Field(description="high stakes: the field whose value must be retyped")
+    confirm_value: str | None = Field(description="the value to retype, as the page shows it")
+    question: str | None = None
+    fields: list[dict[str, Any]] = Field(default_factory=list, description="a question's form")
+    default: dict[str, Any] | None = Field(default=None, description="a question's answer at the deadline")
+    csrf: str | None = Field(description="send it back with a decision; None once nothing is left to decide")
+    decided_by: str | None = None
+    decided_at: float | None = None
+    reason: str | None = None
+    edits: dict[str, Any] | None = Field(default=None, description="the approved edits, or a question's answer")
+
+
+class DecisionIn(Strict):
+    """A decision or an answer (`POST /api/v1/items/{token}/decision`), as the page's form says it."""
+
+    verdict: Literal["approve", "reject", "answer", "decline"]
+    """answer and decline are a question's approve and reject."""
+    reason: str = Field(default="", max_length=2000)
+    edits: dict[str, str] = Field(default_factory=dict, max_length=60)
+    answer: dict[str, Any] | None = Field(default=None, description="a question's answer, as JSON")
+    confirm: str = Field(default="", max_length=200)
+    csrf: str = Field(max_length=200)
+
+
+class DecisionOut(BaseModel):
+    """A decision that counted (200)."""
+
+    approval_id: str
+    state: str
+    decided_by: str | None
+    decided_at: float | None
+    reason: str | None = None
+    edits: dict[str, Any] | None = None
+
+
+class InboxItem(BaseModel):
+    approval_id: str
+    kind: Literal["action", "plan", "question"]
+    summary: str
+    requested_at: float
+    deadline: float
+    token: str = Field(description="a fresh link token for this approver: GET /api/v1/items/{token}")
+    url: str = Field(description="the same item's page")
+
+
+class InboxOut(BaseModel):
+    approver: str
+    items: list[InboxItem]
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    state: str | None = None
+    decided_by: str | None = None
+
+
+def problem(status: int, title: str, detail: str, **extra: Any) -> JSONResponse:
+    body = Problem(title=title, status=status, detail=detail, **extra).model_dump(exclude_none=True)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=_HEADERS)
+
+
+def _failed(failure: Failure) -> JSONResponse:
+    return problem(failure.status, failure.title, failure.text)
+
+
+def _ok(model: BaseModel) -> JSONResponse:
+    return JSONResponse(model.model_dump(mode="json"), headers=_HEADERS)
+
+
+class ApproverApi:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.origin = "{0.scheme}://{0.netloc}".format(urlsplit(settings.approvals_public_url))
+        self.inbox = InboxPage(settings)
+
+    def endpoints(self) -> list[Route]:
+        """The API's routes, relative to `PREFIX` (the OpenAPI document lists exactly these)."""
+        return [
+            Route("/openapi.json", self.openapi, methods=["GET"]),
+            Route("/items/{token}", self.item, methods=["GET"]),
+            Route("/items/{token}/decision", self.decide, methods=["POST"]),
+            Route("/inbox/{token}", self.inbox_items, methods=["GET"]),
+        ]
+
+    def routes(self) -> list[BaseRoute]:
+        router = Router(routes=list(self.endpoints()), redirect_slashes=False)
+        allowed = self.settings.approvals_api_allowed_origins
+        if not allowed:
+            return [Mount(PREFIX, app=router)]
+        cors = CORSMiddleware(
+            router, allow_origins=allowed, allow_methods=["GET", "POST"], allow_headers=["content-type"], max_age=600
+        )
+        return [Mount(PREFIX, app=cors)]
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi_document(), headers=_HEADERS)
+
+    async def item(self, request: Request) -> Response:
+        token = request.path_params["token"]
+        runs: RunsClient = request.app.state.runs
+        viewed = functools.partial(runs.viewed, token=token, client=request.headers.get("user-agent", ""))
+        checked = await checked_link(self.settings, runs, viewed, token)
+        if isinstance(checked, Failure):
+            return _failed(checked)
+        _status, record, claims, link_state = checked
+        if record.state == "pending" and (stale := stale_link(record, claims.slot, link_state, "it was")) is not None:
+            return _failed(stale)
+        decidable = record.state == "pending" and claims.slot not in {
+            v.slot for v in record.votes if v.round == record.round
+        }
+        return _ok(self._view(record, claims.slot, token if decidable else None, _status.goal))
+
+    def _view(self, record: ApprovalRecord, slot: int, token: str | None, goal: str | None) -> ItemView:
+        question = record.kind == "question"
+        keys = self.settings.approvals_signing_keys
+        return ItemView(
+            approval_id=record.approval_id,
+            kind=record.kind,
+            state=record.state,
+            summary=record.summary,
+            approver=record.approvers[slot],
+            requester=record.requester,
+            why=record.why,
+            policy=record.policy,
+            requested_at=record.requested_at,
+            deadline=record.deadline,
+            fingerprint=record.digest[:12],
+            digest=record.digest,
+            tool=record.tool,
+            args=record.args,
+            editable=record.editable,
+            confirm_field=record.confirm_field,
+            confirm_value=confirm.expected(record),
+            question=record.args.get("question") if question else None,
+            fields=[f.model_dump(mode="json") for f in fields_of(record.args)] if question else [],
+            default=record.args.get("default") if question else None,
+            csrf=links.csrf_token(token, keys, self.settings.signing_kid) if token else None,
+            decided_by=record.decided_by,
+            decided_at=record.decided_at,
+            reason=record.reason,
+            edits=record.edits,
+        )
+
+    async def decide(self, request: Request) -> Response:
+        token = request.path_params["token"]
+        try:
+            claims = links.parse(token)
+        except LinkInvalid as exc:
+            return _failed(link_failure(exc))
+        sent_origin = request.headers.get("origin")
+        if sent_origin is not None and not (
+            same_origin(request, self.origin) or sent_origin in self.settings.approvals_api_allowed_origins
+        ):
+            return problem(403, "Request refused", "This origin may not decide approvals.")
+        body = await read_body(request, "application/json")
+        if body is None:
+            return problem(400, "Request refused", "Send a JSON body (application/json) of at most 64 KiB.")
+        try:
+            decision = DecisionIn.model_validate_json(body)
+        except ValidationError as exc:
+            return problem(400, "Request refused", f"The decision is not valid: {validation_message(exc)}")
+        if not links.csrf_ok(token, decision.csrf, self.settings.approvals_signing_keys):
+            return problem(403, "Request refused", "The csrf value is not this link's; read the item again.")
+        edits = dict(decision.edits)
+        if decision.answer is not None:
+            edits.update(form_values(decision.answer))
+        submission = PageSubmission(
+            token=token,
+            verdict={"answer": "approve", "decline": "reject"}.get(decision.verdict, decision.verdict),
+            reason=decision.reason,
+            edits=edits,
+            confirm=decision.confirm,
+            client=request.headers.get("user-agent", "")[:300],
+            # The approver's own UI showed these edits: a long text's diff is its to show, not a step here.
+            reviewed=diff.marker(edits),
+        )
+        runs: RunsClient = request.app.state.runs
+        submitted = await submit_once(self.settings, runs, token, claims, submission)
+        if isinstance(submitted, Failure):
+            return _failed(submitted)
+        return _answered(submitted)
+
+    async def inbox_items(self, request: Request) -> Response:
+        runs: RunsClient = request.app.state.runs
+        try:
+            approver, items = await self.inbox.pending(runs, request.path_params["token"])
+        except LinkInvalid as exc:
+            return problem(exc.status, "Link not valid", exc.reason)
+        except RunCallFailed as exc:
+            return problem(exc.status, "Try again", exc.message)
+        listed = [
+            InboxItem(
+                approval_id=i["record"].approval_id,
+                kind=i["record"].kind,
+                summary=i["record"].summary,
+                requested_at=i["record"].requested_at,
+                deadline=i["record"].deadline,
+                token=i["token"],
+                url=i["url"],
+            )
+            for i in items
+        ]
+        return _ok(InboxOut(approver=approver, items=listed))
+
+
+def _answered(submitted: Submitted) -> Response:
+    """What `Approval.submit` answered, as the API says it (the page's statuses)."""
+    record, receipt = submitted.record, submitted.receipt
+    if submitted.refused is not None:
+        return problem(submitted.refused.status, submitted.refused.title, submitted.refused.text)
+    if submitted.takeover == "batch":
+        return problem(409, "A batch", "This link is for actions asked together: decide them on its page.")
+    if submitted.takeover == "review" or record is None or receipt is None:
+        return problem(503, "Not confirmed", "The approval service gave no answer; read the item again.")
+    if not receipt.accepted:
+        detail = f"Already {receipt.state.replace('_', ' ')}" + (
+            f" by {receipt.decided_by}." if receipt.decided_by else "."
+        )
+        return problem(409, "Already decided", detail, state=receipt.state, decided_by=receipt.decided_by)
+    out = DecisionOut(
+        approval_id=record.approval_id,
+        state=receipt.state,
+        decided_by=receipt.decided_by,
+        decided_at=receipt.decided_at,
+        reason=receipt.reason,
+        edits=receipt.edits,
+    )
+    return _ok(out)
+
+
+_OPERATIONS: dict[str, dict[str, Any]] = {
+    "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+    "/items/{token}": {
+        "get": {
+            "summary": "What an approval or question link shows (records the view; never decides)",
+            "ok": "ItemView",
+            "errors": ["403", "410", "503"],
+        }
+    },
+    "/items/{token}/decision": {
+        "post": {
+            "summary": "Decide an approval or answer a question, with every check the page's POST makes",
+            "body": "DecisionIn",
+            "ok": "DecisionOut",
+            "errors": ["400", "403", "409", "410", "503"],
+        }
+    },
+    "/inbox/{token}": {
+        "get": {
+            "summary": "What waits for the approver an inbox token names, each with a fresh link token",
+            "ok": "InboxOut",
+            "errors": ["403", "410", "503"],
+        }
+    },
+}
+
+
+@functools.cache
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the API (its schemas are the pydantic models above)."""
+    models: list[type[BaseModel]] = [DecisionIn, DecisionOut, InboxOut, ItemView, Problem]
+    mode: Literal["validation"] = "validation"
+    _, defs = models_json_schema([(m, mode) for m in models], ref_template="#/components/schemas/{model}")
+    paths: dict[str, Any] = {}
+    for path, methods in _OPERATIONS.items():
+        paths[PREFIX + path] = {}
+        for method, op in methods.items():
+            if "ok" not in op:
+                paths[PREFIX + path][method] = op
+                continue
+            ref = {"$ref": f"#/components/schemas/{op['ok']}"}
+            problem_ref = {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+            operation: dict[str, Any] = {
+                "summary": op["summary"],
+                "parameters": [{"name": "token", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {
+                    "200": {"description": "OK", "content": {"application/json": {"schema": ref}}},
+                    **{code: {"description": "refused", "content": problem_ref} for code in op["errors"]},
+                },
+            }
+            if "body" in op:
+                body_ref = {"$ref": f"#/components/schemas/{op['body']}"}
+                operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body_ref}}}
+            paths[PREFIX + path][method] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Countersign approver API", "version": "1"},
+        "paths": paths,
+        "components": {"schemas": defs.get("$defs", {})},
+    }
+
+
+def routes_of(settings: Settings) -> list[tuple[str, str]]:
+    """(path, method) of every API route, for the test that keeps the document in step."""
+    return [
+        (PREFIX + r.path, m.lower())
+        for r in ApproverApi(settings).endpoints()
+        for m in sorted(r.methods or ())
+        if m != "HEAD"
+    ]
