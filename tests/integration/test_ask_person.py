@@ -21,7 +21,11 @@ VALID = {"account": "DE89-3704", "amount": "120.50", "draft": "formal", "notify"
 
 @pytest.fixture()
 def stack(isolated_stack: StackFactory) -> Iterator[IsolatedStack]:
-    app_env = {"COUNTERSIGN_SERVICES": "tests.support.questions:served", "APPROVALS_API_ALLOWED_ORIGINS": ADMIN}
+    app_env = {
+        "COUNTERSIGN_SERVICES": "tests.support.questions:served",
+        "APPROVALS_API_ALLOWED_ORIGINS": ADMIN,
+        "APPROVALS_REASSIGN_ALLOWED": "lead@example.com",
+    }
     yield isolated_stack(app_env=app_env)
 
 
@@ -131,6 +135,34 @@ def test_a_question_is_answered_through_the_api_checked_as_the_page_checks_it(st
         timeout=30,
     )
     assert twice.status_code == 409 and twice.json()["state"] == "approved"
+
+
+def test_a_question_is_reassigned_and_answered_by_the_new_person_and_another_is_cancelled(
+    stack: IsolatedStack,
+) -> None:
+    invocation = stack.ingress.send("Asker", None, "ask", {"run_id": "q-8"})
+    [mail] = wait_for_email(stack.outbox_dir, "q-8")
+    moved = stack.ingress.call("Approval", "q-8-a0", "reassign", {"approval_id": "q-8-a0", "to": "lead@example.com"})
+    assert moved.status_code == 200 and moved.json()["accepted"], moved.text
+    fresh = next(m for m in wait_for_email(stack.outbox_dir, "q-8", count=2) if m.message["To"] == "lead@example.com")
+    assert open_page(mail.link).status_code == 410, "the first person's link no longer answers"
+    assert answer(fresh.link, VALID).status_code == 200
+    result = stack.ingress.wait_invocation(invocation).json()
+    assert result["outcome"] == "answered" and result["answered_by"] == "lead@example.com"
+
+    cancelled = stack.ingress.send("Asker", None, "ask", {"run_id": "q-9"})
+    [other] = wait_for_email(stack.outbox_dir, "q-9")
+    stack.ingress.call("Approval", "q-9-a0", "cancel", {"reason": "found it myself", "by": "alice"})
+    ended = stack.ingress.wait_invocation(cancelled).json()
+    assert ended["outcome"] == "cancelled" and ended["answer"] is None
+    assert answer_status_after_close(other.link) in (200, 410)
+
+
+def answer_status_after_close(link: str) -> int:
+    """A closed question's link shows how it ended, with no form left to send."""
+    page = open_page(link)
+    assert 'name="edit.account"' not in page.text
+    return page.status_code
 
 
 def test_a_declined_question_returns_the_reason_and_no_answer(stack: IsolatedStack) -> None:
