@@ -64,6 +64,35 @@ class PlanPolicy(BaseModel):
     """A gated call of this tool outside the approved plan: a fresh approval, or refused."""
 
 
+MAX_GRANT_SECONDS = 30 * 24 * 3600
+MAX_GRANT_USES = 1000
+
+
+class GrantPolicy(BaseModel):
+    """Standing approvals for one tool (`[tools.<name>.grants]`): an approver who approves a call may
+    also let calls like it run without asking, for a time they pick up to `max_seconds`, at most
+    `max_uses` times. "Like it" is the same tool, the same requester (or tenant, with `scope =
+    "tenant"`), each `same` field equal to the approved call's value and each `at_most` field (a
+    number) no larger than it. High-stakes calls, quorum tools and calls a checkpoint stopped are
+    never offered one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_seconds: int = Field(ge=60, le=MAX_GRANT_SECONDS)
+    max_uses: int = Field(ge=1, le=MAX_GRANT_USES)
+    scope: Literal["requester", "tenant"] = "requester"
+    same: tuple[str, ...] = ()
+    """Fields a covered call must have equal to the approved call's (e.g. `customer_id`)."""
+    at_most: tuple[str, ...] = ()
+    """Numeric fields a covered call may not exceed the approved call's value in (e.g. `amount_usd`)."""
+
+    @model_validator(mode="after")
+    def _distinct(self) -> GrantPolicy:
+        if set(self.same) & set(self.at_most):
+            raise ValueError("a field is bound either by `same` or by `at_most`, not both")
+        return self
+
+
 class ToolPolicy(BaseModel):
     """How one tool is gated. `when` is a condition such as `amount_usd > 500`; None means always."""
 
@@ -105,6 +134,8 @@ class ToolPolicy(BaseModel):
     """Per approver (email -> channels), instead of `channels` for that person."""
     slack_channel: str | None = Field(default=None, pattern=r"^[A-Za-z0-9#][A-Za-z0-9._#-]{0,79}$")
     """A Slack channel (id or name) to post the request in, instead of a DM to each approver."""
+    grants: GrantPolicy | None = None
+    """Standing approvals an approver may give with an approval (see GrantPolicy); None: never offered."""
 
     def channels_for(self, approver: str) -> tuple[ChannelName, ...]:
         return self.approver_channels.get(approver.lower(), self.channels)
@@ -176,6 +207,8 @@ class ToolPolicy(BaseModel):
                 raise ValueError("gate_below_confidence and checks need at least one approver (who is asked)")
             if self.quorum > max(1, len(self.approvers)):
                 raise ValueError(f"quorum {self.quorum} needs at least {self.quorum} approvers")
+        if self.grants is not None and self.quorum > 1:
+            raise ValueError("grants are for single-approver tools (quorum 1): a grant would stand in for a quorum")
         if self.quorum > 1 and self.escalate_to:
             raise ValueError("escalation is for single-approver tools (quorum 1)")
         if self.escalate_to and not self.escalate_after_seconds:
@@ -292,6 +325,8 @@ def policy_version(tool: str, policy: ToolPolicy) -> str:
     plain["when"] = None if policy.when is None else describe_condition(policy.when)
     plain["high_stakes_when"] = None if policy.high_stakes_when is None else describe_condition(policy.high_stakes_when)
     plain["approvers_from"] = None if policy.approvers_from is None else name_of(policy.approvers_from, "code")
+    if plain.get("grants") is None:  # a policy without grants keeps the version it had before them
+        plain.pop("grants", None)
     if plain.get("plan") is None:  # a policy without a plan keeps the version it had before plans existed
         plain.pop("plan", None)
     for name in ("gate_below_confidence", "checks", "on_model_retired"):
