@@ -54,6 +54,8 @@ class Outcome(StrEnum):
     UNDELIVERABLE = "undeliverable"
     INVALID = "invalid"
     FAILED = "failed"
+    GRANTED = "granted"
+    """Ran without a person, covered by a standing approval (`grant_id` names it)."""
 
 
 class Successor(Strict):
@@ -188,7 +190,7 @@ class AgentTask(Strict):
         return self._refusal
 
 
-DecisionSource = Literal["human", "deadline_default", "system"]
+DecisionSource = Literal["human", "deadline_default", "system", "grant"]
 AskedBy = Literal["agent", "code"]
 """Who asked for an approval: an agent (AgentRun, a framework adapter) or a handler's own code."""
 
@@ -212,6 +214,8 @@ class ActionRecord(BaseModel):
     """The approval of the plan this call ran inside (no approval of its own), if any."""
     deviation: str | None = None
     """How this call departed from the approved plan (it was then asked again or refused)."""
+    grant_id: str | None = None
+    """The standing approval that let this call run without a person (`approved_by` names who gave it)."""
 
 
 class ModelSwitch(BaseModel):
@@ -280,6 +284,26 @@ class TrailStep(BaseModel):
     """Its result (or error), shortened."""
 
 
+class GrantScope(BaseModel):
+    """What a standing approval covers: calls of one tool for `scope_value` (a requester's email or a
+    tenant), each `same` field equal to the approved call's, each `at_most` field (a number, as text)
+    no larger, at most `max_uses` of them."""
+
+    max_uses: int
+    scope: Literal["requester", "tenant"]
+    scope_value: str
+    same: dict[str, Any] = Field(default_factory=dict)
+    at_most: dict[str, str] = Field(default_factory=dict)
+
+
+class GrantOffer(GrantScope):
+    """A standing approval an approver may give with their approval: calls like this one run without
+    asking, for up to `max_seconds`; `words` says its scope in plain words."""
+
+    max_seconds: int
+    words: str
+
+
 class ApprovalRecord(BaseModel):
     """A frozen action waiting for (or past) a human decision. `digest` binds the exact arguments.
 
@@ -343,6 +367,13 @@ class ApprovalRecord(BaseModel):
     webhooks: bool = Field(
         default=True, description="whether its events go to the tenant's webhooks (journaled with the policy's answer)"
     )
+    grant_offer: GrantOffer | None = Field(
+        default=None, description="the standing approval the approver may give with an approval (None: none offered)"
+    )
+    grant_missed: str | None = Field(
+        default=None, description="why a standing approval of this tool did not cover this call (the bound it missed)"
+    )
+    grant_id: str | None = Field(default=None, description="the standing approval given with this approval, if any")
 
     @property
     def nonce(self) -> str:
@@ -396,6 +427,9 @@ class Decision(Strict):
     edits: dict[str, str] = Field(default_factory=dict, max_length=20)
     confirm: str = Field(default="", max_length=200, description="high stakes: the retyped amount, id or fingerprint")
     client: str = Field(default="", max_length=300)
+    grant_seconds: int | None = Field(
+        default=None, description="approve and give a standing approval for this long (only where one is offered)"
+    )
 
 
 class DecisionReceipt(BaseModel):
@@ -457,6 +491,7 @@ class PageSubmission(Strict):
     confirm: str = Field(default="", max_length=200)
     client: str = Field(default="", max_length=300)
     reviewed: str = Field(default="", max_length=100, description="the review form's marker of the edits it showed")
+    grant: str = Field(default="", max_length=20, description="the form's standing approval's seconds, if any")
 
 
 class PageNotice(BaseModel):

@@ -5,8 +5,9 @@ Guarantee: honoured only when `COUNTERSIGN_ENV=test`; anywhere else a fault poin
 Crash points: `crash-after-effect:<tool>` (execute.py: a tool's effect committed, its step not yet
 journaled), `crash-after-send:<kind>` (mail/deliver.py: the mailer accepted an email, its step not
 yet journaled) and `crash-before-slack-decision` (approval/slack_decision.py: a Slack submission verified
-and journaled, the decision not yet recorded). Delay point: `slow-cancel` (agent/run.py: a run's
-cancel has read the run's state and not yet completed its promise).
+and journaled, the decision not yet recorded), `crash-after-grant-use` (approval/calls.py: a standing
+approval's use counted and journaled, the covered call's effect not yet run). Delay point: `slow-cancel`
+(agent/run.py: a run's cancel has read the run's state and not yet completed its promise).
 """
 
 from __future__ import annotations

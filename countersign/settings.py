@@ -29,12 +29,16 @@ _TOOLS_SPEC = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A
 _IDENTITY_KEY = re.compile(r"^publickeyv1_[1-9A-HJ-NP-Za-km-z]{32,64}\Z")
 _ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 _SERVICE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*\Z")
-WebhookEventType = Literal["approval.requested", "approval.decided", "action.executed", "run.finished"]
+WebhookEventType = Literal[
+    "approval.requested", "approval.decided", "action.executed", "run.finished", "grant.created", "grant.revoked"
+]
 WEBHOOK_EVENT_TYPES: tuple[WebhookEventType, ...] = (
     "approval.requested",
     "approval.decided",
     "action.executed",
     "run.finished",
+    "grant.created",
+    "grant.revoked",
 )
 ALL_TENANTS = "*"
 """A COUNTERSIGN_WEBHOOKS key whose endpoints receive the events of every tenant."""

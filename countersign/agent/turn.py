@@ -27,6 +27,7 @@ from countersign.approval.plan_calls import refused_deviation, run_in_plan
 from countersign.approval.rounds import Opening
 from countersign.approval.routing import NOT_RUN, Answer, Route
 from countersign.approval.run_state import RunBook
+from countersign.approval.standing import covering
 from countersign.contract import ActionRecord
 from countersign.llm.base import ToolCall
 from countersign.tools import default_registry
@@ -134,6 +135,17 @@ async def handle_turn(
     for position, (call, journaled) in enumerate(zip(calls, answers, strict=True)):
         index = base + position
         answer = _recalled(call, journaled)
+        if plan is None:  # under the run's plan, the plan's own rules decide (a grant is never asked there)
+            answer.grant = await covering(
+                book.ctx,
+                call.name,
+                answer.verdict,
+                answer.opening,
+                answer.args,
+                use_id=f"{state.run_id}/{index}",
+                requester=state.requester,
+                tenant=state.tenant,
+            )
         routed = routes[index] = routing.route(answer, call.name, plan)
         if routed.kind in ("invalid", "failed"):
             done[index] = routing.unrun(call.name, index, answer, call.args)
@@ -156,6 +168,7 @@ async def handle_turn(
                     deviation=routed.why,
                     confidence=answer.confidence,
                     context=answer.context,
+                    grant_missed=answer.grant.missed if answer.grant is not None else None,
                 )
             )
         elif routed.kind == "inside":
@@ -173,7 +186,7 @@ async def handle_turn(
                 webhooks=answer.verdict.webhooks,
                 hold=functools.partial(ledger.note, book),
             )
-        else:
+        else:  # autonomous, or covered by a standing approval (`granted`)
             book.save()  # as above; a gated call is saved with its record, when it is frozen
             done[index] = await run_alone(
                 book.ctx,
@@ -186,6 +199,7 @@ async def handle_turn(
                 answer.verdict.version,
                 answer.verdict.webhooks,
                 hold=functools.partial(ledger.note, book),
+                grant=answer.grant.grant if routed.kind == "granted" and answer.grant is not None else None,
             )
     failure = None
     if gated:

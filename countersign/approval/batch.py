@@ -59,6 +59,8 @@ class GatedCall(BaseModel):
     confidence: float | None = None
     context: ActionContext | None = None
     """The tool's facts, if read in the model turn's step (else read here, when it is frozen)."""
+    grant_missed: str | None = None
+    """Why a standing approval of the tool did not cover the call (shown to the approver)."""
 
 
 async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateResult]:
@@ -103,6 +105,7 @@ async def approve_and_act(book: RunBook, calls: list[GatedCall]) -> list[GateRes
             )
         )
         records[-1].deviation = call.deviation
+        records[-1].grant_missed = call.grant_missed
     for record in records:
         book.state.approvals[record.approval_id] = record
     book.state.phase = "awaiting_approval"

@@ -41,6 +41,7 @@ from countersign.approval.question_calls import (
 )
 from countersign.approval.routing import Answer, ask, mark_deviation, not_a_mapping, proposed, route, unrun
 from countersign.approval.run_state import RunBook, RunFacts, RunState
+from countersign.approval.standing import covering
 from countersign.approval.trail import trail_of
 from countersign.approval.waiting import Waiter
 from countersign.approval.workflow import ApprovalRequest
@@ -69,6 +70,7 @@ from countersign.contract import (
     TrailStep,
     clipped,
 )
+from countersign.faults import crash_point
 from countersign.observability import tracing
 from countersign.security import links
 from countersign.tools import default_registry
@@ -82,7 +84,8 @@ class ApprovalOutcome(BaseModel):
 
     verdict: Outcome
     """approved, approved_with_edits, rejected, expired, cancelled, undeliverable, failed (the approved
-    edits no longer validate), autonomous (the policy lets this call run alone), invalid (bad arguments)."""
+    edits no longer validate), autonomous (the policy lets this call run alone), granted (a standing
+    approval covers it: `approved_by` names who gave it), invalid (bad arguments)."""
     args: dict[str, Any] | None = None
     """The arguments to run: the frozen ones, or with the approver's edits (None unless approved)."""
     proposed_args: dict[str, Any] = Field(default_factory=dict)
@@ -98,7 +101,7 @@ class ApprovalOutcome(BaseModel):
 
     @property
     def approved(self) -> bool:
-        return self.verdict in (Outcome.APPROVED, Outcome.APPROVED_WITH_EDITS, Outcome.AUTONOMOUS)
+        return self.verdict in (Outcome.APPROVED, Outcome.APPROVED_WITH_EDITS, Outcome.AUTONOMOUS, Outcome.GRANTED)
 
 
 class _Asked(Answer):
@@ -201,6 +204,7 @@ async def _open(
     confidence: float | None = None,
     results: Mapping[str, Any] | Sequence[ActionRecord] | None = None,
     facts: bool = True,
+    planned: bool = False,
 ) -> tuple[str, int, str, _Asked]:
     _check_people(requester, tenant)
     name = _tool_name(tool)
@@ -223,6 +227,19 @@ async def _open(
             results=earlier,
             facts=facts,
         )
+    if not planned:  # under a plan, the plan's own rules decide (a grant is never asked there)
+        asked.grant = await covering(
+            ctx,
+            name,
+            asked.verdict,
+            asked.opening,
+            asked.args,
+            use_id=f"{where}/{at}",
+            requester=requester,
+            tenant=tenant,
+        )
+        if asked.grant is not None and asked.grant.grant is not None:
+            crash_point("crash-after-grant-use")  # the fault tests: a use counted, its effect not yet run
     return where, at, name, asked
 
 
@@ -259,6 +276,7 @@ async def _approval(
         confidence=asked.confidence,
     )
     record.deviation = deviation
+    record.grant_missed = asked.grant.missed if asked.grant is not None else None
     # The request email goes out from this journal, so the approval's own start is not on the path
     # to it (the page waits, bounded, for the record if a person is faster than the workflow).
     # Never saved (the caller may be a Service, which keeps no state): it only carries the audit entries.
@@ -320,6 +338,12 @@ async def request_approval(
         return base.model_copy(update={"verdict": verdict, "reason": routed.why})
     if routed.kind == "autonomous":
         return base.model_copy(update={"verdict": Outcome.AUTONOMOUS, "args": asked.args})
+    if routed.kind == "granted":
+        assert asked.grant is not None and asked.grant.grant is not None
+        grant = asked.grant.grant
+        update: dict[str, Any] = {"verdict": Outcome.GRANTED, "args": asked.args, "approved_by": [grant.granted_by]}
+        update.update(decision_source="grant", reason=f"standing approval {grant.grant_id}")
+        return base.model_copy(update=update)
     facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="", asked_by=asked_by)
     result = await _approval(ctx, facts, name, at, asked, why, act="report", trail=trail)
     action = result.action
@@ -367,7 +391,17 @@ async def gated_call(
     why, goal = _described(why, goal)
     # Under a plan a gated call may run at once (inside it): its facts are read only if it is asked.
     where, at, name, asked = await _open(
-        ctx, tool, args, requester, tenant, run_id, index, confidence, results, facts=plan is None
+        ctx,
+        tool,
+        args,
+        requester,
+        tenant,
+        run_id,
+        index,
+        confidence,
+        results,
+        facts=plan is None,
+        planned=plan is not None,
     )
     routed = route(asked, name, plan)
     if routed.kind in ("invalid", "failed"):
@@ -389,6 +423,11 @@ async def gated_call(
     if routed.kind == "autonomous":
         version, webhooks = asked.verdict.version, asked.verdict.webhooks
         return await run_alone(ctx, name, asked.args, where, at, tenant, requester, version, webhooks)
+    if routed.kind == "granted":
+        assert asked.grant is not None
+        version, webhooks = asked.verdict.version, asked.verdict.webhooks
+        grant = asked.grant.grant
+        return await run_alone(ctx, name, asked.args, where, at, tenant, requester, version, webhooks, grant=grant)
     if routed.kind == "refused":
         assert plan is not None and routed.why is not None
         return refused_deviation(name, asked.args, at, plan, routed.why)

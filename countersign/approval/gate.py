@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from countersign.approval import confirm, ledger
+from countersign.approval import confirm, ledger, standing
 from countersign.approval.edits import EditRejected, apply_edits
 from countersign.approval.plan import apply_plan_edits
 from countersign.approval.question import fields_of, parse_answer
@@ -168,6 +168,10 @@ def freeze(
         stopped_because=list(verdict.stopped_because),
         confidence=confidence,
         webhooks=verdict.webhooks,
+        # A batch's page decides its items together: a standing approval is offered on one call's page.
+        grant_offer=None
+        if len(batch or []) > 1
+        else standing.offer(tool.name, verdict, args, requester=run.requester, tenant=run.tenant),
     )
 
 
@@ -185,6 +189,10 @@ async def decide_and_act(
         metrics.record_requested(record.tool, record.tenant, waiter.channels())
     [final] = await wait_all(book, [waiter], "request", delivered=None if delivered is None else [delivered])
     _observe_decision(record, final, since=record.requested_at)
+    if final.kind == "approve" and final.grant_seconds and record.grant_offer is not None and final.by:
+        # The approver also gave a standing approval: kept before the action runs, told to them once.
+        await standing.give(book.ctx, record, final.by, final.at, final.grant_seconds)
+        ledger.note(book, standing.created_entry(record, final.by, final.at, final.grant_seconds))
     tool = default_registry().get(record.tool)
     if tool is None and final.kind == "approve" and record.kind == "action":  # the tool set changed meanwhile
         result = _finish(book, waiter, final, failure=f"tool {record.tool!r} is no longer loaded; nothing ran")

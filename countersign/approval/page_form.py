@@ -14,6 +14,7 @@ from restate import TerminalError, WorkflowSharedContext
 from countersign import textdiff as diff
 from countersign.approval.run_state import load_header
 from countersign.approval.slots import checked_edits, linked, settle_slot, verified
+from countersign.approval.standing import checked_seconds
 from countersign.approval.verdict import Verdict, slot_promise
 from countersign.contract import PageNotice, PageSubmission, Submitted
 from countersign.errors import is_cancellation
@@ -64,6 +65,13 @@ async def submit_form(ctx: WorkflowSharedContext, form: PageSubmission) -> Submi
     # Every field the form carries, offered or not: `decide`'s rules refuse one that may not be edited
     # (a 400 that decides nothing), where dropping it would approve what the approver did not ask.
     edits = {k: diff.normalized(v).strip() for k, v in form.edits.items()}
+    # A standing approval asked for where none is offered, or out of its bounds (a forged form): a
+    # 400 that decides nothing, before any review.
+    try:
+        checked_seconds(record, verdict, form.grant)
+    except TerminalError as exc:
+        notice = PageNotice(status=400, title="Not decided", text=f"{exc.message} Nothing was decided.")
+        return Submitted(record=record, refused=notice)
     read = {"verdict": verdict, "reason": reason, "edits": edits, "confirm": form.confirm}
     # A long text changed: the approver sees the diff first; only the review's own form, carrying
     # the fingerprint of exactly these edits, decides.
@@ -86,7 +94,16 @@ async def submit_form(ctx: WorkflowSharedContext, form: PageSubmission) -> Submi
     # errors, as `decide`'s are: the page shows them as "Not decided".
     try:
         receipt = await settle_slot(
-            ctx, record, claims.round, claims.slot, check, decision, edits=edits, via="email", peeked=peeked
+            ctx,
+            record,
+            claims.round,
+            claims.slot,
+            check,
+            decision,
+            edits=edits,
+            via="email",
+            peeked=peeked,
+            grant=form.grant,
         )
     except TerminalError as exc:
         # A question's answer that does not validate is shown back on its form, with what is wrong.

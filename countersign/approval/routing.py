@@ -11,6 +11,7 @@ round's nonce and time) is replayed, never recomputed; `route` reads only that a
 so a replay takes the same branch. `route` decides in one order for every caller: an unknown tool or
 invalid arguments (`invalid`), a policy that could not be resolved (`failed`), inside an approved
 plan (`inside`: counted against it), a call the policy lets run alone (`autonomous`), a gated call
+covered by a standing approval (`granted`; never under a plan, whose own rules decide), a gated call
 outside the plan that the plan refuses (`refused`), else `gated` (with how it deviates, if it does).
 """
 
@@ -24,6 +25,7 @@ from typing import Any, Literal
 import pydantic_core
 from pydantic import BaseModel, Field, ValidationError
 
+from countersign.approval.grants import GrantCheck
 from countersign.approval.plan import ApprovedPlan, route_call
 from countersign.approval.rounds import Opening, open_round
 from countersign.contract import MAX_TOOL_ARGS_BYTES, ActionRecord, Outcome
@@ -52,6 +54,9 @@ class Answer(BaseModel):
     context: ActionContext | None = None
     """The tool's facts for the approver, read in the policy's step when the policy gated the call
     (None: not read there; they are then read when the approval is frozen)."""
+    grant: GrantCheck | None = None
+    """Whether a standing approval covers the gated call (asked right after the policy's step, see
+    countersign.approval.standing; None: not asked)."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,7 @@ class Route:
     """What happens to a call. `why`: the reason for `invalid` and `failed`, how the call deviates
     from the plan for `refused` and `gated` (None for a gated call that does not deviate)."""
 
-    kind: Literal["invalid", "failed", "inside", "autonomous", "refused", "gated"]
+    kind: Literal["invalid", "failed", "inside", "autonomous", "granted", "refused", "gated"]
     why: str | None = None
 
 
@@ -127,6 +132,8 @@ def route(answer: Answer, tool: str, plan: ApprovedPlan | None = None) -> Route:
         return Route("inside")
     if answer.opening is None:
         return Route("autonomous")
+    if plan is None and answer.grant is not None and answer.grant.grant is not None:
+        return Route("granted")
     assert answer.verdict is not None
     # `own` (inside the plan's bounds, but the call needs a person of its own) is an ordinary approval.
     deviation = placed.why if placed.kind == "outside" else None

@@ -22,6 +22,7 @@ from countersign.approval.edits import EditRejected, apply_edits
 from countersign.approval.plan import apply_plan_edits
 from countersign.approval.question import fields_of, parse_answer
 from countersign.approval.run_state import load_approval, load_header
+from countersign.approval.standing import checked_seconds
 from countersign.approval.verdict import Verdict, slot_promise
 from countersign.contract import ApprovalRecord, DecisionReceipt
 from countersign.errors import is_already_completed
@@ -104,10 +105,12 @@ async def settle_slot(
     edits: dict[str, str],
     via: str,
     peeked: Awaitable[Verdict | None] | None = None,
+    grant: int | str | None = None,
 ) -> DecisionReceipt:
     """Complete one slot's decision promise with a person's verdict, whichever channel carried it
     (the channel checked who they are first); a 4xx that decides nothing when it does not fit.
-    `peeked`: the slot's promise, already asked for by the caller."""
+    `peeked`: the slot's promise, already asked for by the caller. `grant`: the seconds of a standing
+    approval given with the approval (checked against the record's offer)."""
     promise = ctx.promise(slot_promise(record.approval_id, round_, slot), type_hint=Verdict)
     if peeked is None:
         peeked = promise.peek()
@@ -122,6 +125,7 @@ async def settle_slot(
     if decision.verdict == "reject" and not reason:
         raise TerminalError("A reason is required to reject.", 400)
     changed = checked_edits(record, decision.verdict, edits)
+    grant_seconds = checked_seconds(record, decision.verdict, grant)
     wanted = confirm.expected(record, changed) if decision.verdict == "approve" else None
     if wanted is not None and not confirm.matches(decision.confirm, wanted):
         raise TerminalError(confirm.REFUSAL, 400)
@@ -136,6 +140,7 @@ async def settle_slot(
         edits=changed or None,
         client=decision.client,
         via=via,
+        grant_seconds=grant_seconds,
     )
     try:
         await promise.resolve(verdict)

@@ -37,6 +37,8 @@ class Verdict(BaseModel):
     to: str | None = None
     asked_by: str | None = None
     """Who asked for a reassignment or a cancel (an operator); recorded in the audit trail, never a decider."""
+    grant_seconds: int | None = None
+    """An approval that also gives a standing approval for this long (checked against the record's offer)."""
 
 
 def slot_promise(approval_id: str, round_: int, slot: int) -> str:

@@ -158,7 +158,16 @@ async def decide(ctx: WorkflowSharedContext, decision: Decision) -> DecisionRece
     peeked = promise.peek()
     check = await verified(ctx, decision.token, record)
     return await settle_slot(
-        ctx, record, claims.round, claims.slot, check, decision, edits=decision.edits, via="email", peeked=peeked
+        ctx,
+        record,
+        claims.round,
+        claims.slot,
+        check,
+        decision,
+        edits=decision.edits,
+        via="email",
+        peeked=peeked,
+        grant=decision.grant_seconds,
     )
 
 

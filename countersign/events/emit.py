@@ -12,7 +12,7 @@ replay must journal.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from restate import Context
 
@@ -138,6 +138,19 @@ def run_finished(ctx: Context, tenant: str, result: RunResult) -> None:
         ],
     }
     _send(ctx, "run.finished", f"run.finished/{result.run_id}", (tenant, result.run_id, result.run_id), 0.0, data)
+
+
+def grant_changed(
+    ctx: Context, type: Literal["grant.created", "grant.revoked"], grant: dict[str, Any], at: float
+) -> None:
+    """A standing approval was given (with its approval) or revoked; `grant` is its JSON."""
+    of = (str(grant["tenant"]), run_of(str(grant["approval_id"])), str(grant["grant_id"]))
+    _send(ctx, type, f"{type}/{grant['grant_id']}", of, at, dict(grant))
+
+
+def run_of(approval_id: str) -> str:
+    """The run of an approval id `<run_id>-a<index>`."""
+    return approval_id.rsplit("-a", 1)[0]
 
 
 def _subject(record: ApprovalRecord) -> tuple[str, str, str]:

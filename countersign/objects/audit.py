@@ -47,6 +47,8 @@ AuditKind = Literal[
     "autonomous",
     "model_retired",
     "slack_posted",
+    "granted",
+    "grant_created",
 ]
 GENESIS = "0" * 64
 

@@ -90,6 +90,8 @@ class ToolFigures(BaseModel):
     median_seconds_to_decision: float | None
     p90_seconds_to_decision: float | None
     graduation_hint: str | None
+    grant_uses: int = 0
+    """Calls that ran covered by a standing approval: neither people's decisions nor autonomous calls."""
     triggers: dict[str, TriggerFigures] = Field(default_factory=dict)
     """Per checkpoint kind (`confidence`, `check`): calls it stopped and how people decided them."""
     trigger_rejection_rates: dict[str, float | None] = Field(default_factory=dict)
@@ -251,6 +253,7 @@ def figures(tool: str, samples: list[OutcomeSample], counts: dict[str, int], min
         median_seconds_to_decision=round(statistics.median(times), 3) if times else None,
         p90_seconds_to_decision=round(times[min(len(times) - 1, int(0.9 * len(times)))], 3) if times else None,
         graduation_hint=hint,
+        grant_uses=counts.get("granted", 0),
     )
 
 

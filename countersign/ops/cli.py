@@ -109,6 +109,13 @@ def parser() -> argparse.ArgumentParser:
         "revoke", help="every inbox link issued to this approver until now stops working (newer ones work)"
     )
     revoke.add_argument("approver", type=_email)
+    grants = commands.add_parser("grants", help="standing approvals: list them, or revoke one")
+    grants_commands = grants.add_subparsers(dest="grants_command", required=True)
+    listed = grants_commands.add_parser("list", help="every standing approval, with its uses and state")
+    listed.add_argument("--tool")
+    withdraw = grants_commands.add_parser("revoke", help="revoke a standing approval: it covers no call asked after")
+    withdraw.add_argument("grant_id")
+    withdraw.add_argument("--by", type=_asker, default=None, help="who revokes, for the record (default: cli:$USER)")
     audit = commands.add_parser("audit", help="export or verify the hash-chained audit trail")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True)
     export = audit_commands.add_parser("export", help="JSON Lines of every audit entry")
@@ -145,7 +152,7 @@ def parser() -> argparse.ArgumentParser:
         dial.add_argument("--write", dest="out", type=Path, metavar="FILE", help="write the change to this policy file")
         dials.append(dial)
     dials[0].add_argument("--force", action="store_true", help="even without the trust ramp's graduation hint")
-    for sub in (pending, show, reassign, cancel, revoke, check, commands.choices["stats"], *dials):
+    for sub in (pending, show, reassign, cancel, revoke, listed, withdraw, check, commands.choices["stats"], *dials):
         sub.add_argument("--json", action="store_true", help="machine-readable output")
     commands.add_parser(
         "decode",
@@ -239,6 +246,11 @@ def _operate(args: argparse.Namespace) -> int:
         return _out(args, rows, ["run_id", "accepted", "cancelled_approvals"])
     if args.command == "inbox":
         return _out(args, ops.inbox_revoke(args.approver))
+    if args.command == "grants":
+        if args.grants_command == "revoke":
+            return _out(args, ops.grant_revoke(args.grant_id, args.by or _operator()))
+        rows = [_grant_row(g, time.time()) for g in ops.grants(args.tool)]
+        return _out(args, rows, ["grant_id", "tool", "scope", "bounds", "uses", "granted_by", "state"])
     if args.command == "stats":
         return _stats(args, ops)
     if args.command in ("graduate", "tighten"):
@@ -268,6 +280,21 @@ def _operate(args: argparse.Namespace) -> int:
     else:
         print("\n".join(problems) if problems else "audit trail intact")
     return 1 if problems else 0
+
+
+def _grant_row(grant: Any, now: float) -> dict[str, Any]:
+    state = "revoked" if grant.revoked_at is not None else "expired" if now >= grant.expires_at else "live"
+    if state == "live" and grant.uses >= grant.max_uses:
+        state = "used up"
+    bounds = [f"{k} = {v}" for k, v in sorted(grant.same.items())]
+    bounds += [f"{k} ≤ {v}" for k, v in sorted(grant.at_most.items())]
+    return {
+        **grant.model_dump(mode="json"),
+        "scope": f"{grant.scope} {grant.scope_value}",
+        "bounds": "; ".join(bounds),
+        "uses": f"{grant.uses}/{grant.max_uses}",
+        "state": state,
+    }
 
 
 _TRUST_COLUMNS = [

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import httpx
 import restate
 
+from countersign.approval.grants import GRANTS_QUERY, GRANTS_SERVICE, Grant
 from countersign.approval.run_state import RUN_STATES_QUERY, RunState, runs_of
 from countersign.contract import EMAIL_PATTERN, CancelRequest, ReassignRequest
 from countersign.exceptions import CountersignError
@@ -203,6 +204,27 @@ class Operations:
         if not re.fullmatch(EMAIL_PATTERN, approver):
             raise OperationError(f"{approver!r} is not an email address")
         return dict(self._call("ApprovalInbox", approver.lower(), "revoke_links", None))
+
+    def grants(self, tool: str | None = None) -> list[Grant]:
+        """Every standing approval (live, expired, used up or revoked), oldest first."""
+        found = []
+        for row in self._sql(GRANTS_QUERY):
+            if not row.get("value_utf8"):
+                continue
+            try:
+                grant = Grant.model_validate_json(self._opened(row["value_utf8"].encode(), "grant"))
+            except ValueError as exc:
+                raise OperationError(f"grant state unreadable: {str(exc).splitlines()[0]}") from None
+            if tool is None or grant.tool == tool:
+                found.append(grant)
+        return sorted(found, key=lambda g: g.granted_at)
+
+    def grant_revoke(self, grant_id: str, by: str) -> dict[str, Any]:
+        """Revoke a standing approval: it covers no call asked after this."""
+        kept = next((g for g in self.grants() if g.grant_id == grant_id), None)
+        if kept is None:
+            raise OperationError(f"no standing approval {grant_id!r}")
+        return dict(self._call(GRANTS_SERVICE, kept.key, "revoke", {"grant_id": grant_id, "by": by}))
 
     def audit_log(self, approval_id: str) -> list[dict[str, Any]]:
         log = AuditLog.model_validate(self._call("ApprovalAudit", approval_id, "entries", None))

@@ -24,6 +24,7 @@ SETTING = "COUNTERSIGN_SERVICES"
 
 def countersign_services() -> list[RestateService]:
     from countersign.agent.run import agent_run
+    from countersign.approval.grants import grants
     from countersign.approval.workflow import approval
     from countersign.channels.slack_messages import slack_messages
     from countersign.events.delivery import webhook_delivery, webhook_events, webhook_log
@@ -37,6 +38,7 @@ def countersign_services() -> list[RestateService]:
     return [
         agent_run,
         approval,
+        grants,
         approval_inbox,
         approval_audit,
         bookkeeping,

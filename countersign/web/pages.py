@@ -184,6 +184,7 @@ class ApprovalPages:
             confirm=str(form.get("confirm", ""))[:200],
             client=client,
             reviewed=str(form.get("reviewed", ""))[:100],
+            grant=str(form.get("grant", ""))[:20],
         )
         submitted = await submit_once(self.settings, runs, token, claims, submission)
         if isinstance(submitted, Failure):

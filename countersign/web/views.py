@@ -15,6 +15,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.responses import HTMLResponse
 
 from countersign.security.textsafety import finalize, verbatim
+from countersign.timewords import duration
 from countersign.web import wording
 
 # auto_reload off: the templates ship with the package, and checking their mtimes on every page
@@ -26,6 +27,7 @@ _TEMPLATES = Environment(
     finalize=finalize,
 )
 _TEMPLATES.filters["verbatim"] = verbatim
+_TEMPLATES.filters["duration"] = duration
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; "
@@ -37,6 +39,17 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
 }
+
+
+_GRANT_STEPS = (3600, 4 * 3600, 24 * 3600, 7 * 24 * 3600, 30 * 24 * 3600)
+
+
+def grant_choices(max_seconds: int) -> list[int]:
+    """The durations a standing approval's form offers: the usual steps up to the policy's maximum, and it."""
+    return [s for s in _GRANT_STEPS if s < max_seconds] + [max_seconds]
+
+
+_TEMPLATES.globals["grant_choices"] = grant_choices
 
 
 def page(template: str, status: int = 200, **context: Any) -> HTMLResponse:

@@ -89,15 +89,18 @@ def submit(
     origin: str | None = None,
     confirm: str | None = None,
     edits: dict[str, str] | None = None,
+    grant: str | None = None,
 ) -> httpx.Response:
     """POST the page's form as a browser would (same Origin, the page's CSRF value unless given;
     `confirm` is what a person types into a high-stakes page's confirmation field, `edits` the
-    editable fields the person changed)."""
+    editable fields the person changed, `grant` the standing approval's seconds they picked)."""
     csrf = form_csrf(link) if csrf is None else csrf
     parts = urlsplit(link)
     headers = {"Origin": origin if origin is not None else f"{parts.scheme}://{parts.netloc}"}
     data = {"csrf": csrf, "verdict": verdict, "reason": reason}
     if confirm is not None:
         data["confirm"] = confirm
+    if grant is not None:
+        data["grant"] = grant
     data.update({f"edit.{name}": value for name, value in (edits or {}).items()})
     return httpx.post(link, data=data, headers=headers, timeout=30)

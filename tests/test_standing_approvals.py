@@ -1,0 +1,245 @@
+"""Standing approvals against the real restate-server: an approver approves a refund and lets calls
+like it (same order, an amount no larger, at most two calls, for the time they pick) run without
+asking; the next such call runs alone, once, with its audit entry naming the grant and who gave it;
+a call outside a bound is asked, and its email says which bound it missed; the use limit holds under
+concurrent calls; an expired or revoked grant covers nothing; a kill -9 between a grant's use and the
+effect uses it once and runs the effect once; a forged grant field is a 400 that grants nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.approver import approval_emails, form_csrf, open_page, submit, wait_for_email
+from support.business import new_order, refunds_for
+from support.processes import IsolatedStack, StackFactory, wait_until
+from test_gate_library import USER_MODULE, refund
+from test_operations import cli
+
+POLICY = """
+[tools.issue_refund.grants]
+max_seconds = 86400
+max_uses = 2
+same = ["order_id"]
+at_most = ["amount_usd"]
+"""
+GRANTOR = "finance@example.com"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("project")
+    (root / "myshop").mkdir()
+    (root / "myshop" / "__init__.py").write_text("")
+    (root / "myshop" / "agents.py").write_text(USER_MODULE)
+    (root / "policy.toml").write_text(POLICY)
+    return root
+
+
+def _env(project: Path, **more: str) -> dict[str, str]:
+    return {
+        "COUNTERSIGN_SERVICES": "myshop.agents:served",
+        "PYTHONPATH": str(project),
+        "APPROVALS_POLICY_FILE": str(project / "policy.toml"),
+        **more,
+    }
+
+
+@pytest.fixture()
+def stack(isolated_stack: StackFactory, project: Path) -> Iterator[IsolatedStack]:
+    yield isolated_stack(app_env=_env(project))
+
+
+def _act(stack: IsolatedStack, run_id: str, order: int, amount: str, customer: str = "c-1") -> str:
+    ask = {"run_id": run_id, "tool": "issue_refund", "args": refund(order, amount), "index": 0}
+    return stack.ingress.send("RefundDesk", customer, "act", ask)
+
+
+def _grant_first(stack: IsolatedStack, run_id: str, order: int, seconds: str = "3600") -> dict[str, Any]:
+    """A refund of $800 approved with a standing approval for `seconds`: its record."""
+    invocation = _act(stack, run_id, order, "800.00")
+    [mail] = wait_for_email(stack.outbox_dir, run_id)
+    page = open_page(mail.link)
+    assert page.status_code == 200 and 'name="grant"' in page.text
+    # The scope in plain words, before the approver confirms.
+    assert "Calls of issue_refund asked for alice@example.com with order_id = " in page.text
+    assert "amount_usd ≤ 800.00" in page.text and "at most 2 calls" in page.text
+    assert submit(mail.link, "approve", grant=seconds).status_code == 200
+    record: dict[str, Any] = stack.ingress.wait_invocation(invocation).json()
+    assert record["outcome"] == "approved"
+    return record
+
+
+def _grants(stack: IsolatedStack) -> list[dict[str, Any]]:
+    done = cli(stack.restate, "grants", "list", "--json")
+    assert done.returncode == 0, done.stderr
+    rows: list[dict[str, Any]] = json.loads(done.stdout)
+    return rows
+
+
+def _audit(stack: IsolatedStack, approval_id: str, kind: str) -> dict[str, Any] | None:
+    entries = stack.ingress.call("ApprovalAudit", approval_id, "entries", None).json()["entries"]
+    found = [e for e in entries if e["kind"] == kind]
+    return found[0] if found else None
+
+
+def test_a_grant_lets_the_next_similar_call_run_alone_once_with_its_audit_entry(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 300000)
+    _grant_first(stack, "sa-1", order)
+    [grant] = _grants(stack)
+    assert grant["grant_id"] == "g-sa-1-a0" and grant["granted_by"] == GRANTOR and grant["state"] == "live"
+    assert grant["same"] == {"order_id": order} and grant["at_most"] == {"amount_usd": "800.00"}
+
+    covered = stack.ingress.wait_invocation(_act(stack, "sa-2", order, "650.00")).json()
+    assert covered["outcome"] == "granted" and covered["grant_id"] == "g-sa-1-a0"
+    assert covered["approved_by"] == [GRANTOR] and covered["decision_source"] == "grant"
+    assert refunds_for(stack.db_path, "sa-2") == [("sa-2/0", order, 65000)]
+    assert approval_emails(stack.outbox_dir, "sa-2") == [], "nobody was asked"
+    entry = wait_until(lambda: _audit(stack, "sa-2-a0", "granted"), 20, "the granted call's audit entry")
+    assert entry["actor"] == GRANTOR and entry["details"]["grant_id"] == "g-sa-1-a0"
+    assert entry["details"]["granted_by"] == GRANTOR
+    created = wait_until(lambda: _audit(stack, "sa-1-a0", "grant_created"), 20, "the grant's own audit entry")
+    assert created["actor"] == GRANTOR and created["details"]["grant_id"] == "g-sa-1-a0"
+    [grant] = _grants(stack)
+    assert grant["uses"] == "1/2" and grant["used_by"] == ["sa-2/0"]
+
+    # A call just above the bound is asked as usual, and its email says which bound it missed.
+    above = _act(stack, "sa-3", order, "800.01", customer="c-2")
+    [mail] = wait_for_email(stack.outbox_dir, "sa-3")
+    assert "Not covered by your standing approval: amount_usd = 800.01 is above 800.00" in mail.text
+    assert submit(mail.link, "reject", reason="enough for this order").status_code == 200
+    assert stack.ingress.wait_invocation(above).json()["outcome"] == "rejected"
+    # Another order: the `same` bound.
+    other = new_order(stack.db_path, 300000)
+    _act(stack, "sa-4", other, "600.00", customer="c-3")
+    [mail] = wait_for_email(stack.outbox_dir, "sa-4")
+    assert f"order_id is {other}, not {order}" in mail.text
+    [grant] = _grants(stack)
+    assert grant["uses"] == "1/2", "calls outside the bounds use nothing"
+
+    # The trust figures count grant uses apart from people's decisions.
+    figures = stack.ingress.call("ToolStats", "issue_refund", "stats", None).json()
+    assert figures["grant_uses"] == 1 and figures["human_decisions"] == 2
+
+
+def test_the_use_limit_holds_under_concurrent_calls(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 900000)
+    _grant_first(stack, "sc-0", order)
+    runs = [f"sc-{n}" for n in range(1, 6)]
+    with ThreadPoolExecutor(len(runs)) as pool:
+        invocations = list(pool.map(lambda r: _act(stack, r, order, "550.00", customer=f"k-{r}"), runs))
+    granted = []
+    for run, invocation in zip(runs, invocations, strict=True):
+        with contextlib.suppress(TimeoutError):
+            record = stack.ingress.wait_invocation(invocation, timeout=15).json()
+            if record["outcome"] == "granted":
+                granted.append(run)
+    assert len(granted) == 2, granted
+    asked = [r for r in runs if r not in granted]
+    for run in asked:
+        [mail] = wait_for_email(stack.outbox_dir, run)
+        assert "was used 2 of 2 times" in mail.text
+    [grant] = _grants(stack)
+    assert grant["uses"] == "2/2" and sorted(grant["used_by"]) == sorted(f"{r}/0" for r in granted)
+    assert grant["state"] == "used up"
+
+
+def test_an_expired_grant_covers_nothing(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 300000)
+    _grant_first(stack, "se-1", order, seconds="2")
+    [grant] = _grants(stack)
+    wait_until(lambda: time.time() > grant["expires_at"] + 0.5 or None, 10, "the grant's expiry")
+    _act(stack, "se-2", order, "600.00")
+    [mail] = wait_for_email(stack.outbox_dir, "se-2")
+    assert "standing approval g-se-1-a0 expired" in mail.text
+    assert _grants(stack)[0]["state"] == "expired" and _grants(stack)[0]["uses"] == "0/2"
+
+
+def test_a_revoked_grant_covers_nothing(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 300000)
+    _grant_first(stack, "sr-1", order)
+    done = cli(stack.restate, "grants", "revoke", "g-sr-1-a0", "--by", "cli:ops", "--json")
+    assert done.returncode == 0, done.stderr
+    assert '"revoked_by": "cli:ops"' in done.stdout
+    _act(stack, "sr-2", order, "600.00")
+    [mail] = wait_for_email(stack.outbox_dir, "sr-2")
+    assert "standing approval g-sr-1-a0 was revoked by cli:ops" in mail.text
+    [grant] = _grants(stack)
+    assert grant["state"] == "revoked" and grant["uses"] == "0/2"
+    unknown = cli(stack.restate, "grants", "revoke", "g-nothing")
+    assert unknown.returncode == 1 and "no standing approval 'g-nothing'" in unknown.stderr
+
+
+def test_a_forged_grant_field_is_refused_and_grants_nothing(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 300000)
+    _act(stack, "sf-1", order, "800.00")
+    [mail] = wait_for_email(stack.outbox_dir, "sf-1")
+    csrf = form_csrf(mail.link)
+    for forged, said in (
+        ("99999999", "A standing approval lasts from 1 second to 1 day"),
+        ("soon", "whole number of seconds"),
+        ("-5", "A standing approval lasts"),
+    ):
+        refused = submit(mail.link, "approve", csrf=csrf, grant=forged)
+        assert refused.status_code == 400 and said in refused.text and "Nothing was decided" in refused.text
+    refused = submit(mail.link, "reject", reason="no", csrf=csrf, grant="3600")
+    assert refused.status_code == 400 and "goes with an approval" in refused.text
+    assert stack.ingress.call("Approval", "sf-1-a0", "status", None).json()["pending"], "still pending"
+    assert _grants(stack) == []
+
+    # A tool whose policy offers no grant: the page shows none, and a forged field is refused.
+    args = {"customer_id": "c_17", "subject": "Sorry", "body": "We are sorry."}
+    ask = {"run_id": "sf-2", "tool": "email_customer", "args": args, "index": 0}
+    stack.ingress.send("RefundDesk", "c-9", "act", ask)
+    [mail] = wait_for_email(stack.outbox_dir, "sf-2")
+    assert 'name="grant"' not in open_page(mail.link).text
+    refused = submit(mail.link, "approve", grant="3600")
+    assert refused.status_code == 400 and "offers no standing approval" in refused.text
+    assert stack.ingress.call("Approval", "sf-2-a0", "status", None).json()["pending"], "still pending"
+    assert _grants(stack) == []
+
+
+def test_kill9_between_a_grants_use_and_the_effect_uses_it_once(isolated_stack: StackFactory, project: Path) -> None:
+    stack = isolated_stack(app_env=_env(project, COUNTERSIGN_FAULT="crash-after-grant-use"))
+    order = new_order(stack.db_path, 300000)
+    _grant_first(stack, "sk-1", order)
+    invocation = _act(stack, "sk-2", order, "550.00")
+    wait_until(lambda: not stack.app.alive(), 30, "the fault to kill the handler")
+    assert refunds_for(stack.db_path, "sk-2") == []
+    stack.app.env.pop("COUNTERSIGN_FAULT")
+    stack.app.restart()
+    record = stack.ingress.wait_invocation(invocation, timeout=60).json()
+    assert record["outcome"] == "granted"
+    assert refunds_for(stack.db_path, "sk-2") == [("sk-2/0", order, 55000)]
+    [grant] = _grants(stack)
+    assert grant["uses"] == "1/2" and grant["used_by"] == ["sk-2/0"], "the use was counted once"
+
+
+def test_request_approval_reports_a_covered_call_as_granted(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 300000)
+    _grant_first(stack, "sq-1", order)
+    checked = stack.ingress.send(
+        "RefundCheck", None, "ask", {"run_id": "sq-2", "tool": "issue_refund", "args": refund(order, "800.00")}
+    )
+    outcome = stack.ingress.wait_invocation(checked).json()
+    assert outcome["verdict"] == "granted" and outcome["approved_by"] == [GRANTOR]
+    assert outcome["args"]["amount_usd"] == "800.00" and outcome["decision_source"] == "grant"
+    assert refunds_for(stack.db_path, "sq-2") == [], "request_approval runs nothing itself"
+
+
+def test_the_page_without_a_grant_gives_none(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 300000)
+    first = _act(stack, "sn-1", order, "800.00")
+    [mail] = wait_for_email(stack.outbox_dir, "sn-1")
+    assert submit(mail.link, "approve").status_code == 200
+    assert stack.ingress.wait_invocation(first).json()["outcome"] == "approved"
+    _act(stack, "sn-2", order, "600.00")
+    [mail] = wait_for_email(stack.outbox_dir, "sn-2")
+    assert "standing approval" not in mail.text
+    assert _grants(stack) == []
