@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-from support.approver import approval_emails, form_csrf, open_page, submit, wait_for_email
+from support.approver import approval_emails, form_csrf, open_page, submit, submit_form, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, StackFactory, wait_until
 from test_gate_library import USER_MODULE, refund
@@ -174,6 +176,34 @@ def test_a_revoked_grant_covers_nothing(stack: IsolatedStack) -> None:
     assert grant["state"] == "revoked" and grant["uses"] == "0/2"
     unknown = cli(stack.restate, "grants", "revoke", "g-nothing")
     assert unknown.returncode == 1 and "no standing approval 'g-nothing'" in unknown.stderr
+
+
+def test_the_receipt_emails_link_revokes_the_grant_on_post_only(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 300000)
+    _grant_first(stack, "sl-1", order)
+    [receipt] = wait_for_email(stack.outbox_dir, "sl-1", kind="grant")
+    assert receipt.message["To"] == GRANTOR and "Standing approval given: issue_refund" in receipt.message["Subject"]
+    assert "at most 2 calls" in receipt.text and "g-sl-1-a0" in receipt.text
+    [link] = re.findall(r"https?://\S+/grants/\S+", receipt.text)
+    shown = open_page(link)
+    assert (
+        shown.status_code == 200
+        and "Live: issue_refund" in shown.text
+        and "Revoke this standing approval" in shown.text
+    )
+    assert _grants(stack)[0]["state"] == "live", "opening the link (GET) changes nothing"
+    # A POST from elsewhere (no CSRF value, another origin) revokes nothing.
+    forged = httpx.post(link, data={"revoke": "yes"}, headers={"Origin": "https://evil.example"}, timeout=30)
+    assert forged.status_code == 403 and _grants(stack)[0]["state"] == "live"
+    revoked = submit_form(link, {"revoke": "yes"})
+    assert revoked.status_code == 200 and "Revoked: issue_refund" in revoked.text
+    [grant] = _grants(stack)
+    assert grant["state"] == "revoked" and grant["revoked_by"] == GRANTOR
+    _act(stack, "sl-2", order, "600.00")
+    [mail] = wait_for_email(stack.outbox_dir, "sl-2")
+    assert f"standing approval g-sl-1-a0 was revoked by {GRANTOR}" in mail.text
+    tampered = link[:-3] + ("AAA" if not link.endswith("AAA") else "BBB")
+    assert open_page(tampered).status_code == 403
 
 
 def test_a_forged_grant_field_is_refused_and_grants_nothing(stack: IsolatedStack) -> None:

@@ -166,7 +166,11 @@ async def revoke(ctx: ObjectContext, request: RevokeGrant) -> Grant:
     return grant
 
 
+class GrantList(BaseModel):
+    grants: list[Grant]
+
+
 @grants.handler(name="list", kind="shared", journal_retention=retention.NO_JOURNAL)
-async def listed(ctx: ObjectSharedContext) -> list[Grant]:
+async def listed(ctx: ObjectSharedContext) -> GrantList:
     """Every grant under this key, oldest first, with its uses."""
-    return await _all(ctx)
+    return GrantList(grants=await _all(ctx))

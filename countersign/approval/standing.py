@@ -19,8 +19,10 @@ from countersign.approval.grants import Grant, GrantAsk, GrantCheck, grant_key, 
 from countersign.approval.grants import create as create_grant
 from countersign.approval.grants import use as use_grant
 from countersign.approval.rounds import Opening
+from countersign.approval.waiting import send_step
 from countersign.contract import ApprovalRecord, GrantOffer, GrantScope
 from countersign.events import emit as events
+from countersign.mail.grant_email import send_grant_receipt
 from countersign.objects.audit import AuditEntry
 from countersign.timewords import duration
 from countersign.tools.policy import PolicyVerdict
@@ -133,6 +135,9 @@ async def give(ctx: restate.Context, record: ApprovalRecord, by: str, at: float,
     record.grant_id = kept.grant_id
     if record.webhooks:
         events.grant_changed(ctx, "grant.created", kept.model_dump(mode="json"), at)
+    # The receipt, with the link that revokes it, to the person who gave it.
+    shown = {**kept.model_dump(mode="json"), "key": kept.key}
+    await send_step(ctx, f"email grant receipt #{record.index}", send_grant_receipt, record, shown)
     return kept
 
 

@@ -12,7 +12,7 @@ import base64
 import re
 from typing import Literal
 
-MessageKind = Literal["request", "reminder", "escalation", "reapproval", "batch", "outcome", "receipt"]
+MessageKind = Literal["request", "reminder", "escalation", "reapproval", "batch", "outcome", "receipt", "grant"]
 APPROVER_KINDS: frozenset[MessageKind] = frozenset({"request", "reminder", "escalation", "reapproval", "batch"})
 """The kinds that carry decision links: if one of these bounces, the approver cannot decide."""
 

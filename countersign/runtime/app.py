@@ -35,6 +35,7 @@ from countersign.settings import Settings, get_settings
 from countersign.tools import use_tools
 from countersign.tools.registry import Tool
 from countersign.web.api import ApproverApi
+from countersign.web.grant_page import GrantPage
 from countersign.web.hardening import RESTATE_PREFIX, BodyDeadline, SecurityHeaders, http_error
 from countersign.web.inbox_page import InboxPage
 from countersign.web.pages import ApprovalPages
@@ -90,6 +91,7 @@ def public_app(settings: Settings) -> Starlette:
             *SlackInteractions(settings).routes(),
             *InboxPage(settings).routes(),
             *ApproverApi(settings).routes(),
+            *GrantPage(settings).routes(),
         ],
         lifespan=lifespan,
         middleware=[

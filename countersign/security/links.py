@@ -34,6 +34,7 @@ _DOMAIN = b"countersign.approval-link.v1\x00"
 _CSRF_DOMAIN = b"countersign.csrf.v1\x00"
 _TENANT_DOMAIN = b"countersign.tenant-key.v1\x00"
 _INBOX_DOMAIN = b"countersign.inbox.v1\x00"
+_GRANT_DOMAIN = b"countersign.grant.v1\x00"
 _SEAL_DOMAIN = b"countersign.approval-link-seal.v1\x00"
 _HALF = 16
 INBOX_LINK_DAYS = 30
@@ -194,17 +195,11 @@ def check_inbox_token(token: str, keys: dict[str, bytes], now: float) -> str:
 def inbox_claims(token: str, keys: dict[str, bytes], now: float) -> InboxClaims:
     """What an authentic, unexpired inbox token says; LinkInvalid otherwise. Whether the approver has
     revoked their links since `issued_ms` is for the caller to check (it lives in `ApprovalInbox`)."""
-    invalid = LinkInvalid("This link is not valid.")
-    parts = token.split(".")
-    if len(token) > _MAX_TOKEN or len(parts) != 4 or parts[0] != VERSION or parts[1] not in keys:
-        raise invalid
+    body = _signed_body(token, keys, _INBOX_DOMAIN)
     try:
-        body, tag = _unb64(parts[2]), _unb64(parts[3])
         fields = body.decode().rsplit("~", 2)
-    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
-        raise invalid from exc
-    if not hmac.compare_digest(tag, hmac.new(keys[parts[1]], _INBOX_DOMAIN + body, hashlib.sha256).digest()):
-        raise invalid
+    except UnicodeDecodeError as exc:
+        raise LinkInvalid("This link is not valid.") from exc
     if len(fields) == 3 and _CANONICAL_MILLIS.fullmatch(fields[1]):
         approver, issued, exp = fields[0], int(fields[1]), fields[2]
     else:  # made before links carried their issue time: `approver~exp`
@@ -214,6 +209,40 @@ def inbox_claims(token: str, keys: dict[str, bytes], now: float) -> InboxClaims:
         raise LinkInvalid("This inbox link has expired; open a newer approval email.", status=410)
     issued_ms = (int(exp) - INBOX_LINK_DAYS * 86400) * 1000 if issued is None else issued
     return InboxClaims(approver, issued_ms, int(exp))
+
+
+def grant_token(grant_key: str, grant_id: str, keys: dict[str, bytes], kid: str, exp: int) -> str:
+    """A link to revoke one standing approval (`grant_id`, kept under `grant_key`) until `exp`."""
+    body = f"{grant_key}~{grant_id}~{exp}".encode()
+    tag = hmac.new(keys[kid], _GRANT_DOMAIN + body, hashlib.sha256).digest()
+    return f"{VERSION}.{kid}.{_b64(body)}.{_b64(tag)}"
+
+
+def grant_claims(token: str, keys: dict[str, bytes], now: float) -> tuple[str, str]:
+    """(grant key, grant id) of an authentic, unexpired grant link; LinkInvalid otherwise."""
+    body = _signed_body(token, keys, _GRANT_DOMAIN)
+    try:
+        key, grant_id, exp = body.decode().rsplit("~", 2)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise LinkInvalid("This link is not valid.") from exc
+    if not _CANONICAL_INT.fullmatch(exp) or now >= int(exp):
+        raise LinkInvalid("This link has expired, and so has the standing approval it was for.", status=410)
+    return key, grant_id
+
+
+def _signed_body(token: str, keys: dict[str, bytes], domain: bytes) -> bytes:
+    """The body of an authentic `v1.<kid>.<body>.<tag>` token signed for `domain`; LinkInvalid otherwise."""
+    invalid = LinkInvalid("This link is not valid.")
+    parts = token.split(".")
+    if len(token) > _MAX_TOKEN or len(parts) != 4 or parts[0] != VERSION or parts[1] not in keys:
+        raise invalid
+    try:
+        body, tag = _unb64(parts[2]), _unb64(parts[3])
+    except (binascii.Error, ValueError) as exc:
+        raise invalid from exc
+    if not hmac.compare_digest(tag, hmac.new(keys[parts[1]], domain + body, hashlib.sha256).digest()):
+        raise invalid
+    return body
 
 
 def csrf_token(token: str, keys: dict[str, bytes], kid: str) -> str:

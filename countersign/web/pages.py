@@ -171,7 +171,7 @@ class ApprovalPages:
             claims = links.parse(token)
         except LinkInvalid as exc:
             return _link_notice(exc)
-        form = await self._check_post(request, token)  # before any call: a refused form costs none
+        form = await self.check_post(request, token)  # before any call: a refused form costs none
         if isinstance(form, Response):
             return form
         client = request.headers.get("user-agent", "")[:300]
@@ -254,7 +254,7 @@ class ApprovalPages:
         checked = await checked_link(self.settings, runs, main, token)
         return shown(checked) if isinstance(checked, Failure) else checked
 
-    async def _check_post(self, request: Request, token: str) -> FormData | Response:
+    async def check_post(self, request: Request, token: str) -> FormData | Response:
         """The form of a same-origin POST carrying this link's CSRF value, or the refusal page."""
         if not self._same_origin(request):
             return notice(403, "Request refused", "This form must be sent from the approval page itself.")

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager, contextmanager
 import httpx
 import restate
 
+from countersign.approval.grants import GRANTS_SERVICE, Grant, GrantList, RevokeGrant
 from countersign.contract import Decision, DecisionReceipt, PageSubmission, PageView, RunStatus, Submitted
 from countersign.objects.inbox import InboxView
 from countersign.security.codec import JournalValueUnreadable
@@ -51,6 +52,15 @@ class RunsClient:
 
     async def inbox(self, approver: str) -> InboxView:
         return InboxView.model_validate_json(await self._call("pending", approver, None, None, service="ApprovalInbox"))
+
+    async def grants(self, key: str) -> list[Grant]:
+        """The standing approvals kept under one `Grants` key (a tool and a requester or tenant)."""
+        raw = await self._call("list", key, None, None, service=GRANTS_SERVICE)
+        return GrantList.model_validate_json(raw).grants
+
+    async def revoke_grant(self, key: str, request: RevokeGrant) -> Grant:
+        raw = await self._call("revoke", key, request.model_dump_json().encode(), None, service=GRANTS_SERVICE)
+        return Grant.model_validate_json(raw)
 
     async def viewed(self, approval_id: str, token: str, client: str) -> RunStatus:
         """What `status` answers, for a page opened with this link (GET); `Approval.viewed` also

@@ -80,6 +80,13 @@ def form_csrf(link: str) -> str:
     return match.group(1)
 
 
+def submit_form(link: str, fields: dict[str, str]) -> httpx.Response:
+    """POST a page's own form (`fields` and the page's CSRF value) as a browser on that page would."""
+    parts = urlsplit(link)
+    headers = {"Origin": f"{parts.scheme}://{parts.netloc}"}
+    return httpx.post(link, data={"csrf": form_csrf(link), **fields}, headers=headers, timeout=30)
+
+
 def submit(
     link: str,
     verdict: str,
