@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fakes.webhook_receiver import Delivery, config, running
 from support.approver import approval_emails, form_csrf, open_page, submit, submit_form, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, StackFactory, wait_until
@@ -249,6 +250,33 @@ def test_kill9_between_a_grants_use_and_the_effect_uses_it_once(isolated_stack: 
     assert refunds_for(stack.db_path, "sk-2") == [("sk-2/0", order, 55000)]
     [grant] = _grants(stack)
     assert grant["uses"] == "1/2" and grant["used_by"] == ["sk-2/0"], "the use was counted once"
+
+
+def test_webhooks_hear_a_grant_given_used_and_revoked(isolated_stack: StackFactory, project: Path) -> None:
+    with running() as receiver:
+        stack = isolated_stack(app_env=_env(project, COUNTERSIGN_WEBHOOKS=config("default", receiver)))
+        order = new_order(stack.db_path, 300000)
+        _grant_first(stack, "sw-1", order)
+        assert stack.ingress.wait_invocation(_act(stack, "sw-2", order, "600.00")).json()["outcome"] == "granted"
+        assert cli(stack.restate, "grants", "revoke", "g-sw-1-a0", "--by", "cli:ops").returncode == 0
+
+        def grant_events() -> list[Delivery] | None:
+            found = [e for e in receiver.unique() if e.type.startswith("grant.")]
+            return found if len(found) >= 2 else None
+
+        created, revoked = sorted(wait_until(grant_events, 30, "the grant's events"), key=lambda e: e.type)
+        assert created.type == "grant.created" and created.data["grant_id"] == "g-sw-1-a0"
+        assert created.data["granted_by"] == GRANTOR and created.data["at_most"] == {"amount_usd": "800.00"}
+        assert revoked.type == "grant.revoked" and revoked.data["revoked_by"] == "cli:ops"
+        used = wait_until(
+            lambda: (
+                [e for e in receiver.unique() if e.type == "action.executed" and e.data["run_id"] == "sw-2"] or None
+            ),
+            30,
+            "the granted call's action.executed",
+        )
+        assert used[0].data["grant_id"] == "g-sw-1-a0" and used[0].data["autonomous"] is False
+        assert receiver.rejected == []
 
 
 def test_request_approval_reports_a_covered_call_as_granted(stack: IsolatedStack) -> None:

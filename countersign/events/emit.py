@@ -107,8 +107,9 @@ def _executed(
     error = (action.result or {}).get("error") if action.outcome.value == "failed" else None
     data = {
         "approval_id": approval_id,
-        "autonomous": approval_id is None and action.plan_approval_id is None,
+        "autonomous": approval_id is None and action.plan_approval_id is None and action.grant_id is None,
         "plan_approval_id": action.plan_approval_id,
+        "grant_id": action.grant_id,
         "run_id": run_id,
         "tenant": tenant,
         "index": action.index,

@@ -81,7 +81,14 @@ def test_endpoints_setting_parses_json_and_toml_and_names_a_bad_value(tmp_path: 
     secret = new_secret()
     parsed = parse_webhooks(f'{{"acme": [{{"url": "https://hooks.example/x", "secret": "{secret}"}}]}}')
     [endpoint] = parsed["acme"]
-    assert endpoint.events == ("approval.requested", "approval.decided", "action.executed", "run.finished")
+    assert endpoint.events == (
+        "approval.requested",
+        "approval.decided",
+        "action.executed",
+        "run.finished",
+        "grant.created",
+        "grant.revoked",
+    )
     toml = tmp_path / "hooks.toml"
     toml.write_text(f'[[acme]]\nurl = "https://a.example/h"\nsecret = "{secret}"\nevents = ["run.finished"]\n')
     assert parse_webhooks(str(toml))["acme"][0].events == ("run.finished",)
