@@ -207,6 +207,24 @@ def test_the_receipt_emails_link_revokes_the_grant_on_post_only(stack: IsolatedS
     assert open_page(tampered).status_code == 403
 
 
+def test_the_approvers_inbox_page_lists_the_live_grant_and_revokes_it(stack: IsolatedStack) -> None:
+    order = new_order(stack.db_path, 300000)
+    _grant_first(stack, "si-1", order)
+    [request] = wait_for_email(stack.outbox_dir, "si-1")
+    [inbox_link] = re.findall(r"https?://\S+/inbox/[^\s>]+", request.text)
+
+    def listed() -> str | None:
+        text = open_page(inbox_link).text
+        return text if "Standing approvals you gave" in text else None
+
+    inbox = wait_until(listed, 20, "the grant on the approver's inbox page")
+    assert f"issue_refund for alice@example.com (order_id = {order}; amount_usd ≤ 800.00): used 0 of 2" in inbox
+    [revoke_link] = re.findall(r'href="([^"]+/grants/[^"]+)"', inbox)
+    assert submit_form(revoke_link.replace("&amp;", "&"), {"revoke": "yes"}).status_code == 200
+    assert _grants(stack)[0]["state"] == "revoked"
+    assert "Standing approvals you gave" not in open_page(inbox_link).text, "a revoked grant is no longer listed"
+
+
 def test_a_forged_grant_field_is_refused_and_grants_nothing(stack: IsolatedStack) -> None:
     order = new_order(stack.db_path, 300000)
     _act(stack, "sf-1", order, "800.00")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, Literal
 
 import restate
 from pydantic import BaseModel, Field
@@ -22,11 +22,15 @@ from countersign.contract import GrantScope
 from countersign.events import emit as events
 
 GRANTS_SERVICE = "Grants"
+GIVEN_SERVICE = "GrantsGiven"
 _GRANT = "grant:"
 GRANTS_QUERY = "SELECT service_key, key, value_utf8 FROM state WHERE service_name = 'Grants' AND key LIKE 'grant:%'"
 """The admin SQL query of every grant's stored state (for `countersign grants list`)."""
 
 grants = restate.VirtualObject(GRANTS_SERVICE, description="Standing approvals of one tool for one requester or tenant")
+
+
+GrantState = Literal["live", "used up", "expired", "revoked"]
 
 
 class Grant(GrantScope):
@@ -49,6 +53,18 @@ class Grant(GrantScope):
     @property
     def key(self) -> str:
         return grant_key(self.tool, self.scope, self.scope_value)
+
+    def state(self, now: float) -> GrantState:
+        if self.revoked_at is not None:
+            return "revoked"
+        if now >= self.expires_at:
+            return "expired"
+        return "used up" if self.uses >= self.max_uses else "live"
+
+    def bounds(self) -> list[str]:
+        """Its bounds in plain words: `customer_id = c_17`, `amount_usd ≤ 612.40`."""
+        same = [f"{k} = {v}" for k, v in sorted(self.same.items())]
+        return same + [f"{k} ≤ {v}" for k, v in sorted(self.at_most.items())]
 
 
 class GrantAsk(BaseModel):
@@ -174,3 +190,39 @@ class GrantList(BaseModel):
 async def listed(ctx: ObjectSharedContext) -> GrantList:
     """Every grant under this key, oldest first, with its uses."""
     return GrantList(grants=await _all(ctx))
+
+
+grants_given = restate.VirtualObject(
+    GIVEN_SERVICE, description="The standing approvals one approver gave (where each is kept), for their inbox page"
+)
+
+
+class GivenGrant(BaseModel):
+    """Where one standing approval an approver gave is kept: its `Grants` key and its id."""
+
+    key: str
+    grant_id: str
+
+
+class GivenGrants(BaseModel):
+    given: list[GivenGrant] = Field(default_factory=list)
+
+
+_GIVEN = "given"
+MAX_GIVEN = 200
+"""The most recent grants an approver's inbox page lists (older ones stay in `Grants`, and in the CLI)."""
+
+
+@grants_given.handler(name="add", journal_retention=retention.NO_JOURNAL, ingress_private=True)
+async def add_given(ctx: ObjectContext, given: GivenGrant) -> None:
+    """Note a grant this approver gave (once, however often it is sent)."""
+    kept = await ctx.get(_GIVEN, type_hint=GivenGrants) or GivenGrants()
+    if given not in kept.given:
+        kept.given = [*kept.given, given][-MAX_GIVEN:]
+        ctx.set(_GIVEN, kept)
+
+
+@grants_given.handler(name="list", kind="shared", journal_retention=retention.NO_JOURNAL)
+async def list_given(ctx: ObjectSharedContext) -> GivenGrants:
+    """Where this approver's grants are kept, oldest first."""
+    return await ctx.get(_GIVEN, type_hint=GivenGrants) or GivenGrants()

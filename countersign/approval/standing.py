@@ -15,7 +15,7 @@ from typing import Any
 import restate
 from restate import TerminalError
 
-from countersign.approval.grants import Grant, GrantAsk, GrantCheck, grant_key, number
+from countersign.approval.grants import GivenGrant, Grant, GrantAsk, GrantCheck, add_given, grant_key, number
 from countersign.approval.grants import create as create_grant
 from countersign.approval.grants import use as use_grant
 from countersign.approval.rounds import Opening
@@ -135,6 +135,7 @@ async def give(ctx: restate.Context, record: ApprovalRecord, by: str, at: float,
     record.grant_id = kept.grant_id
     if record.webhooks:
         events.grant_changed(ctx, "grant.created", kept.model_dump(mode="json"), at)
+    ctx.object_send(add_given, key=by, arg=GivenGrant(key=kept.key, grant_id=kept.grant_id))  # their inbox page
     # The receipt, with the link that revokes it, to the person who gave it.
     shown = {**kept.model_dump(mode="json"), "key": kept.key}
     await send_step(ctx, f"email grant receipt #{record.index}", send_grant_receipt, record, shown)

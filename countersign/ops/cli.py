@@ -283,17 +283,12 @@ def _operate(args: argparse.Namespace) -> int:
 
 
 def _grant_row(grant: Any, now: float) -> dict[str, Any]:
-    state = "revoked" if grant.revoked_at is not None else "expired" if now >= grant.expires_at else "live"
-    if state == "live" and grant.uses >= grant.max_uses:
-        state = "used up"
-    bounds = [f"{k} = {v}" for k, v in sorted(grant.same.items())]
-    bounds += [f"{k} ≤ {v}" for k, v in sorted(grant.at_most.items())]
     return {
         **grant.model_dump(mode="json"),
         "scope": f"{grant.scope} {grant.scope_value}",
-        "bounds": "; ".join(bounds),
+        "bounds": "; ".join(grant.bounds()),
         "uses": f"{grant.uses}/{grant.max_uses}",
-        "state": state,
+        "state": grant.state(now),
     }
 
 

@@ -24,7 +24,7 @@ SETTING = "COUNTERSIGN_SERVICES"
 
 def countersign_services() -> list[RestateService]:
     from countersign.agent.run import agent_run
-    from countersign.approval.grants import grants
+    from countersign.approval.grants import grants, grants_given
     from countersign.approval.workflow import approval
     from countersign.channels.slack_messages import slack_messages
     from countersign.events.delivery import webhook_delivery, webhook_events, webhook_log
@@ -39,6 +39,7 @@ def countersign_services() -> list[RestateService]:
         agent_run,
         approval,
         grants,
+        grants_given,
         approval_inbox,
         approval_audit,
         bookkeeping,

@@ -53,19 +53,13 @@ class GrantPage:
         return self._show(grant, token, 200)
 
     def _show(self, grant: Grant, token: str, status: int) -> Response:
-        now = time.time()
-        state = "revoked" if grant.revoked_at is not None else "expired" if now >= grant.expires_at else "live"
-        if state == "live" and grant.uses >= grant.max_uses:
-            state = "used up"
         csrf = links.csrf_token(token, self.settings.approvals_signing_keys, self.settings.signing_kid)
-        bounds = [f"{k} = {v}" for k, v in sorted(grant.same.items())]
-        bounds += [f"{k} ≤ {v}" for k, v in sorted(grant.at_most.items())]
         return page(
             "grant.html",
             status,
             grant=grant,
-            state=state,
-            bounds=bounds,
+            state=grant.state(time.time()),
+            bounds=grant.bounds(),
             csrf=csrf,
             until=when(grant.expires_at),
             revoked=when(grant.revoked_at),

@@ -15,6 +15,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from countersign.approval.grants import Grant
+from countersign.mail.grant_email import revoke_url
 from countersign.security import links
 from countersign.security.links import LinkInvalid
 from countersign.settings import Settings
@@ -33,11 +35,12 @@ class InboxPage:
         runs: RunsClient = request.app.state.runs
         try:
             approver, items = await self.pending(runs, request.path_params["token"])
+            grants = await self._grants(runs, approver, time.time())
         except LinkInvalid as exc:
             return notice(exc.status, "Link not valid", exc.reason)
         except RunCallFailed as exc:
             return notice(exc.status, "Try again", exc.message)
-        return page("inbox.html", approver=approver, items=items)
+        return page("inbox.html", approver=approver, items=items, grants=grants)
 
     async def pending(self, runs: RunsClient, token: str) -> tuple[str, list[dict[str, Any]]]:
         """The approver an inbox token names and what waits for them (each with a fresh link token);
@@ -50,6 +53,21 @@ class InboxPage:
             raise LinkInvalid("This inbox link was revoked; the next approval email brings a new one.", status=410)
         items = [await self._item(runs, approver, entry.approval_id, now) for entry in view.pending]
         return approver, [i for i in items if i is not None]
+
+    async def _grants(self, runs: RunsClient, approver: str, now: float) -> list[dict[str, Any]]:
+        """The live standing approvals `approver` gave, newest first, each with the link that revokes it."""
+        given = (await runs.grants_given(approver)).given
+        kept: dict[str, list[Grant]] = {}
+        for key in {g.key for g in given}:
+            kept[key] = await runs.grants(key)
+        live = []
+        for ref in reversed(given):
+            grant = next((g for g in kept[ref.key] if g.grant_id == ref.grant_id), None)
+            if grant is None or grant.state(now) != "live":
+                continue
+            url = revoke_url(self.settings, {**grant.model_dump(mode="json"), "key": grant.key})
+            live.append({"grant": grant, "bounds": grant.bounds(), "url": url, "until": when(grant.expires_at)})
+        return live
 
     async def _item(self, runs: RunsClient, approver: str, approval_id: str, now: float) -> dict[str, Any] | None:
         status = await runs.status(approval_id)

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager, contextmanager
 import httpx
 import restate
 
-from countersign.approval.grants import GRANTS_SERVICE, Grant, GrantList, RevokeGrant
+from countersign.approval.grants import GIVEN_SERVICE, GRANTS_SERVICE, GivenGrants, Grant, GrantList, RevokeGrant
 from countersign.contract import Decision, DecisionReceipt, PageSubmission, PageView, RunStatus, Submitted
 from countersign.objects.inbox import InboxView
 from countersign.security.codec import JournalValueUnreadable
@@ -57,6 +57,10 @@ class RunsClient:
         """The standing approvals kept under one `Grants` key (a tool and a requester or tenant)."""
         raw = await self._call("list", key, None, None, service=GRANTS_SERVICE)
         return GrantList.model_validate_json(raw).grants
+
+    async def grants_given(self, approver: str) -> GivenGrants:
+        """Where the standing approvals `approver` gave are kept."""
+        return GivenGrants.model_validate_json(await self._call("list", approver, None, None, service=GIVEN_SERVICE))
 
     async def revoke_grant(self, key: str, request: RevokeGrant) -> Grant:
         raw = await self._call("revoke", key, request.model_dump_json().encode(), None, service=GRANTS_SERVICE)
