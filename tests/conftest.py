@@ -79,6 +79,7 @@ REPLAY_TORTURE = frozenset(
         "test_langchain",
         "test_adk",
         "test_ask_person",
+        "test_standing_approvals",
     }
 )
 """Modules whose protocol-parametrised tests also run under replay torture (`http2+replay`): the

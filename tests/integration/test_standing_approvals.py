@@ -297,6 +297,33 @@ def test_webhooks_hear_a_grant_given_used_and_revoked(isolated_stack: StackFacto
         assert receiver.rejected == []
 
 
+def test_an_agent_runs_call_is_covered_through_the_same_gate(stack: IsolatedStack) -> None:
+    """AgentRun routes its model's calls through the same path: the grant an approver gave in one
+    run covers a similar call in the next, and a call above the bound is asked."""
+    order = new_order(stack.db_path, 300000)
+
+    def task(*amounts: str) -> dict[str, Any]:
+        calls = [{"tool": "issue_refund", "args": refund(order, a)} for a in amounts]
+        return {"goal": "refunds", "requester": "alice@example.com", "script": calls}
+
+    stack.ingress.start_run("sg-1", task("800.00"))
+    [mail] = wait_for_email(stack.outbox_dir, "sg-1")
+    assert submit(mail.link, "approve", grant="3600").status_code == 200
+    assert stack.ingress.wait_output("sg-1").json()["actions"][0]["outcome"] == "approved"
+    stack.ingress.start_run("sg-2", task("700.00", "900.00"))
+    [mail] = wait_for_email(stack.outbox_dir, "sg-2")
+    assert "amount_usd = 900.00 is above 800.00" in mail.text
+    assert submit(mail.link, "approve").status_code == 200
+    first, second = stack.ingress.wait_output("sg-2").json()["actions"]
+    assert first["outcome"] == "granted" and first["grant_id"] == "g-sg-1-a0" and first["approved_by"] == [GRANTOR]
+    assert second["outcome"] == "approved"
+    assert refunds_for(stack.db_path, "sg-2") == [("sg-2/0", order, 70000), ("sg-2/1", order, 90000)]
+    entry = wait_until(lambda: _audit(stack, "sg-2-a0", "granted"), 20, "the granted call's audit entry")
+    assert entry["details"]["grant_id"] == "g-sg-1-a0"
+    [grant] = _grants(stack)
+    assert grant["used_by"] == ["sg-2/0"]
+
+
 def test_request_approval_reports_a_covered_call_as_granted(stack: IsolatedStack) -> None:
     order = new_order(stack.db_path, 300000)
     _grant_first(stack, "sq-1", order)
