@@ -34,6 +34,7 @@ from countersign.tools.conditions import Condition
 from countersign.tools.policy import (
     ApproverContext,
     ApproverSource,
+    GrantPolicy,
     PlanPolicy,
     PolicyError,
     PolicyVerdict,
@@ -76,6 +77,7 @@ __all__ = [
     "CountersignError",
     "EditRule",
     "EffectContext",
+    "GrantPolicy",
     "PersonAnswer",
     "PlanPolicy",
     "PolicyError",
