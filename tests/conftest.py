@@ -55,6 +55,7 @@ BOTH_PROTOCOLS = frozenset(
         "test_adk",
         "test_pydantic_ai",
         "test_serverless",
+        "test_standing_approvals",
         "test_webhooks",
     }
 )
