@@ -519,6 +519,7 @@ class Submitted(BaseModel):
     reason: str = ""
     edits: dict[str, str] = Field(default_factory=dict, description="the edits it read: those of editable fields")
     confirm: str = ""
+    grant: str = Field(default="", description="the standing approval's seconds it read (carried through a review)")
 
 
 class ReassignReceipt(BaseModel):

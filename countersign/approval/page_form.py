@@ -72,7 +72,7 @@ async def submit_form(ctx: WorkflowSharedContext, form: PageSubmission) -> Submi
     except TerminalError as exc:
         notice = PageNotice(status=400, title="Not decided", text=f"{exc.message} Nothing was decided.")
         return Submitted(record=record, refused=notice)
-    read = {"verdict": verdict, "reason": reason, "edits": edits, "confirm": form.confirm}
+    read = {"verdict": verdict, "reason": reason, "edits": edits, "confirm": form.confirm, "grant": form.grant}
     # A long text changed: the approver sees the diff first; only the review's own form, carrying
     # the fingerprint of exactly these edits, decides.
     if (

@@ -210,6 +210,7 @@ class ApprovalPages:
                 marker=diff.marker(submitted.edits),
                 confirm=submitted.confirm,
                 reason=submitted.reason,
+                grant=submitted.grant,
                 back=f"{self.settings.approvals_public_url}/approvals/{token}",
             )
         receipt = submitted.receipt

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -31,6 +32,11 @@ max_seconds = 86400
 max_uses = 2
 same = ["order_id"]
 at_most = ["amount_usd"]
+
+[tools.email_customer.grants]
+max_seconds = 3600
+max_uses = 1
+same = ["customer_id"]
 """
 GRANTOR = "finance@example.com"
 
@@ -242,16 +248,38 @@ def test_a_forged_grant_field_is_refused_and_grants_nothing(stack: IsolatedStack
     assert stack.ingress.call("Approval", "sf-1-a0", "status", None).json()["pending"], "still pending"
     assert _grants(stack) == []
 
-    # A tool whose policy offers no grant: the page shows none, and a forged field is refused.
-    args = {"customer_id": "c_17", "subject": "Sorry", "body": "We are sorry."}
-    ask = {"run_id": "sf-2", "tool": "email_customer", "args": args, "index": 0}
+    # A tool whose policy offers no grant (a quorum tool): the page shows none, a forged field is refused.
+    new_order(stack.db_path, 100, customer_id="c_23")
+    args = {"customer_id": "c_23", "reason": "asked to be forgotten"}
+    ask = {"run_id": "sf-2", "tool": "delete_customer", "args": args, "index": 0}
     stack.ingress.send("RefundDesk", "c-9", "act", ask)
-    [mail] = wait_for_email(stack.outbox_dir, "sf-2")
+    [mail, _] = wait_for_email(stack.outbox_dir, "sf-2", count=2)
     assert 'name="grant"' not in open_page(mail.link).text
-    refused = submit(mail.link, "approve", grant="3600")
+    refused = submit(mail.link, "approve", confirm="c_23", grant="3600")
     assert refused.status_code == 400 and "offers no standing approval" in refused.text
     assert stack.ingress.call("Approval", "sf-2-a0", "status", None).json()["pending"], "still pending"
     assert _grants(stack) == []
+
+
+def test_a_grant_given_with_a_reviewed_edit_is_carried_through_the_review(stack: IsolatedStack) -> None:
+    """An edit of a long text is shown as a diff for review first: the grant picked on the page is
+    carried through the review's own form, and given only when that form decides."""
+    args = {"customer_id": "c_17", "subject": "Sorry", "body": "We are sorry.\nIt was late."}
+    ask = {"run_id": "sv-1", "tool": "email_customer", "args": args, "index": 0}
+    invocation = stack.ingress.send("RefundDesk", "c-17", "act", ask)
+    [mail] = wait_for_email(stack.outbox_dir, "sv-1")
+    review = submit(mail.link, "approve", edits={"body": "We are sorry.\nIt was very late."}, grant="1800")
+    assert review.status_code == 200 and 'name="grant" value="1800"' in review.text
+    assert _grants(stack) == [], "nothing is decided before the review's own form"
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', review.text))
+    parts = urlsplit(mail.link)
+    headers = {"Origin": f"{parts.scheme}://{parts.netloc}"}
+    decided = httpx.post(mail.link, data={**fields, "verdict": "approve"}, headers=headers, timeout=30)
+    assert decided.status_code == 200, decided.text[-400:]
+    assert stack.ingress.wait_invocation(invocation).json()["outcome"] == "approved_with_edits"
+    [grant] = _grants(stack)
+    assert grant["grant_id"] == "g-sv-1-a0" and grant["same"] == {"customer_id": "c_17"}
+    assert grant["expires_at"] - grant["granted_at"] == 1800
 
 
 def test_kill9_between_a_grants_use_and_the_effect_uses_it_once(isolated_stack: StackFactory, project: Path) -> None:
