@@ -53,6 +53,8 @@ class Figures(BaseModel):
     current_fast_streak: int
     """The latest decisions in a row that were approvals with no edit, each under the reading time."""
     warning: str | None = None
+    grant_uses: int = 0
+    """Calls that ran on a standing approval (of this tool, or given by this approver): not decisions."""
 
 
 def _slot(entry_id: str) -> tuple[int, int] | None:
@@ -148,19 +150,37 @@ class Fatigue(BaseModel):
     warnings: list[str]
 
 
+def grant_uses(entries: Iterable[Mapping[str, Any]]) -> tuple[dict[str, int], dict[str, int]]:
+    """The calls a standing approval covered (`granted` entries), by tool and by who gave the grant."""
+    by_tool: dict[str, int] = {}
+    by_giver: dict[str, int] = {}
+    for entry in entries:
+        if entry.get("kind") == "granted":
+            tool, giver = str(entry.get("details", {}).get("tool", "?")), str(entry.get("actor") or "?")
+            by_tool[tool] = by_tool.get(tool, 0) + 1
+            by_giver[giver] = by_giver.get(giver, 0) + 1
+    return by_tool, by_giver
+
+
 def fatigue(entries: Iterable[Mapping[str, Any]], *, reading_seconds: float, streak_warning: int) -> Fatigue:
-    """Figures per tool and per approver, with a warning for each approver who looks checked out."""
+    """Figures per tool and per approver, with a warning for each approver who looks checked out.
+    Calls run on a standing approval are counted apart (`grant_uses`), never as decisions."""
+    entries = list(entries)
     found = samples(entries)
-    by_tool: dict[str, list[Sample]] = {}
-    by_approver: dict[str, list[Sample]] = {}
+    uses_of_tool, uses_by = grant_uses(entries)
+    by_tool: dict[str, list[Sample]] = {t: [] for t in uses_of_tool}
+    by_approver: dict[str, list[Sample]] = {a: [] for a in uses_by}
     for sample in found:
         by_tool.setdefault(sample.tool, []).append(sample)
         by_approver.setdefault(sample.approver, []).append(sample)
     tools = [figures(t, g, reading_seconds) for t, g in sorted(by_tool.items())]
+    for row in tools:
+        row.grant_uses = uses_of_tool.get(row.name, 0)
     approvers = []
     warnings = []
     for person, group in sorted(by_approver.items()):
         row = figures(person, group, reading_seconds)
+        row.grant_uses = uses_by.get(person, 0)
         if row.current_fast_streak >= streak_warning:
             row.warning = (
                 f"{person} approved the last {row.current_fast_streak} in a row, each in under "

@@ -13,6 +13,7 @@ the run before they write.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import sys
@@ -297,9 +298,12 @@ class Operations:
         }
 
     def fatigue(self, reading_seconds: float, streak: int) -> Fatigue:
-        """Whether approvers still read, from every approval's audit trail (one read per approval)."""
+        """Whether approvers still read, from every approval's audit trail (one read per approval),
+        with the trails of the calls standing approvals covered (counted apart: `grant_uses`)."""
         entries = (entry for run in self.runs() for a in sorted(run.approvals) for entry in self.audit_log(a))
-        return fatigue(entries, reading_seconds=reading_seconds, streak_warning=streak)
+        covered = sorted({"-a".join(use.rsplit("/", 1)) for grant in self.grants() for use in grant.used_by})
+        granted = (entry for trail in covered for entry in self.audit_log(trail) if entry["kind"] == "granted")
+        return fatigue(itertools.chain(entries, granted), reading_seconds=reading_seconds, streak_warning=streak)
 
 
 def _code_tool(settings: Settings, name: str) -> Tool:

@@ -26,6 +26,8 @@ from support.processes import IsolatedStack, StackFactory, wait_until
 from test_gate_library import USER_MODULE, refund
 from test_operations import cli
 
+from countersign.ops.fatigue import fatigue
+
 POLICY = """
 [tools.issue_refund.grants]
 max_seconds = 86400
@@ -135,6 +137,47 @@ def test_a_grant_lets_the_next_similar_call_run_alone_once_with_its_audit_entry(
     # The trust figures count grant uses apart from people's decisions.
     figures = stack.ingress.call("ToolStats", "issue_refund", "stats", None).json()
     assert figures["grant_uses"] == 1 and figures["human_decisions"] == 2
+    # ... and so do the fatigue figures (from the audit trail), per tool and per giver.
+    stats = cli(stack.restate, "stats", "--json")
+    assert stats.returncode == 0, stats.stderr
+    [refunds] = [t for t in json.loads(stats.stdout) if t["tool"] == "issue_refund"]
+    assert refunds["grant_uses"] == 1 and refunds["fatigue"]["grant_uses"] == 1
+    assert refunds["fatigue"]["decisions"] == 2, "a grant's use is not a person's decision"
+
+
+def test_fatigue_counts_grant_uses_apart_from_decisions() -> None:
+    entries = [
+        {"approval_id": "r-a0", "kind": "requested", "at": 1.0, "details": {"tool": "issue_refund"}},
+        {
+            "approval_id": "r-a0",
+            "entry_id": "decided/r1/s0",
+            "kind": "decided",
+            "at": 2.0,
+            "actor": GRANTOR,
+            "details": {"verdict": "approve", "source": "human"},
+        },
+        {
+            "approval_id": "r-a1",
+            "entry_id": "granted/1",
+            "kind": "granted",
+            "at": 3.0,
+            "actor": GRANTOR,
+            "details": {"tool": "issue_refund", "grant_id": "g-r-a0"},
+        },
+        {
+            "approval_id": "r-a2",
+            "entry_id": "granted/2",
+            "kind": "granted",
+            "at": 4.0,
+            "actor": "lead@example.com",
+            "details": {"tool": "email_customer", "grant_id": "g-x-a0"},
+        },
+    ]
+    found = fatigue(entries, reading_seconds=5, streak_warning=3)
+    tools = {row.name: (row.decisions, row.grant_uses) for row in found.tools}
+    assert tools == {"issue_refund": (1, 1), "email_customer": (0, 1)}
+    people = {row.name: (row.decisions, row.grant_uses) for row in found.approvers}
+    assert people == {GRANTOR: (1, 1), "lead@example.com": (0, 1)}
 
 
 def test_the_use_limit_holds_under_concurrent_calls(stack: IsolatedStack) -> None:
