@@ -302,6 +302,7 @@ _TRUST_COLUMNS = [
     "expiry_rate",
     "median_seconds_to_decision",
     "p90_seconds_to_decision",
+    "grant_uses",
     "graduation_hint",
 ]
 _READING_COLUMNS = [
@@ -315,6 +316,7 @@ _READING_COLUMNS = [
     "fast_decisions",
     "longest_streak",
     "current_fast_streak",
+    "grant_uses",
 ]
 
 
