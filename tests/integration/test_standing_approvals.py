@@ -26,7 +26,11 @@ from support.processes import IsolatedStack, StackFactory, wait_until
 from test_gate_library import USER_MODULE, refund
 from test_operations import cli
 
+from countersign.approval.standing import offer
+from countersign.contract import GrantOffer
 from countersign.ops.fatigue import fatigue
+from countersign.tools.policy import GrantPolicy, PolicyError, PolicyVerdict, ToolPolicy
+from countersign.tools.policy_file import merge
 
 POLICY = """
 [tools.issue_refund.grants]
@@ -417,3 +421,50 @@ def test_the_page_without_a_grant_gives_none(stack: IsolatedStack) -> None:
     [mail] = wait_for_email(stack.outbox_dir, "sn-2")
     assert "standing approval" not in mail.text
     assert _grants(stack) == []
+
+
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        ({"quorum": 2, "approvers": ["a@example.com", "b@example.com"]}, "grants are for single-approver tools"),
+        ({"grants": {"max_seconds": 10, "max_uses": 1}}, "grants.max_seconds: Input should be greater than or equal"),
+        ({"grants": {"max_seconds": 60, "max_uses": 1, "same": ["a"], "at_most": ["a"]}}, "not both"),
+        ({"grants": {"max_seconds": 60, "max_uses": 1, "forever": True}}, "grants.forever: Extra inputs"),
+    ],
+)
+def test_a_bad_grants_table_is_refused_naming_the_field(table: dict[str, Any], said: str) -> None:
+    base = ToolPolicy(gated=True, approvers=("a@example.com",), grants=GrantPolicy(max_seconds=60, max_uses=1))
+    with pytest.raises(PolicyError, match=r"^policy\.toml \[tools\.x\]: ") as refused:
+        merge(base, table, source="policy.toml [tools.x]")
+    assert said in str(refused.value)
+
+
+def test_the_offer_is_never_made_for_high_stakes_quorum_or_stopped_calls() -> None:
+    grants = GrantPolicy(max_seconds=3600, max_uses=3, same=("order_id",), at_most=("amount_usd",))
+    policy = ToolPolicy(gated=True, approvers=("a@example.com",), grants=grants)
+    args = {"order_id": 7, "amount_usd": "612.40"}
+
+    def offered(**verdict: Any) -> GrantOffer | None:
+        made = PolicyVerdict(gated=True, rule="r", policy=verdict.pop("policy", policy), **verdict)
+        return offer("issue_refund", made, args, requester="Alice@example.com", tenant="acme")
+
+    made = offered()
+    assert made is not None and made.scope_value == "alice@example.com" and made.at_most == {"amount_usd": "612.40"}
+    assert made.words.startswith(
+        "Calls of issue_refund asked for alice@example.com with order_id = 7, amount_usd ≤ 612.40"
+    )
+    assert offered(high_stakes=True) is None
+    assert offered(stopped_because=[{"kind": "confidence", "text": "low"}]) is None
+    assert offered(policy=policy.model_copy(update={"grants": None})) is None
+    tenant = offered(policy=policy.model_copy(update={"grants": grants.model_copy(update={"scope": "tenant"})}))
+    assert tenant is not None and "anyone in tenant acme" in tenant.words
+    assert (
+        offer(
+            "issue_refund",
+            PolicyVerdict(gated=True, rule="r", policy=policy),
+            {"order_id": 7},
+            requester="a@b.c",
+            tenant="t",
+        )
+        is None
+    )
