@@ -41,7 +41,7 @@ async def decide_from_slack(ctx: WorkflowSharedContext, interaction: SlackIntera
     crash_point("crash-before-slack-decision")
     try:
         receipt = await settle_slot(
-            ctx, record, submitted.round, submitted.slot, check, submitted, edits={}, via="slack"
+            ctx, record, submitted.round, submitted.slot, check, submitted, edits={}, via="slack", grant=submitted.grant
         )
     except TerminalError as exc:
         if is_cancellation(exc):

@@ -28,12 +28,16 @@ from slack_sdk.errors import SlackApiError
 from countersign.contract import ApprovalRecord
 from countersign.security.textsafety import visible
 from countersign.settings import Settings, get_settings
+from countersign.timewords import duration
+from countersign.tools.policy import grant_choices
 
 APPROVE_ACTION = "countersign_approve"
 REJECT_ACTION = "countersign_reject"
 MODAL_CALLBACK = "countersign_decide"
 REASON_BLOCK, REASON_INPUT = "reason", "reason_input"
 CONFIRM_BLOCK, CONFIRM_INPUT = "confirm", "confirm_input"
+GRANT_BLOCK, GRANT_INPUT, NO_GRANT = "grant", "grant_input", "none"
+MAX_GRANT_WORDS = 600
 METADATA_EVENT = "countersign_approval"
 REFUSED_STATUS = 422
 MAX_TEXT = 2900  # Slack refuses a text object over 3000 characters
@@ -73,6 +77,9 @@ class ButtonValue(BaseModel):
     c: str | None = None
     """High stakes: the label of what to type, and (`cv`) the value shown to type."""
     cv: str | None = None
+    g: int | None = None
+    """A standing approval may be given with the approval: its longest duration, and (`gw`) its scope in words."""
+    gw: str | None = None
 
 
 class ModalState(BaseModel):
@@ -85,6 +92,7 @@ class ModalState(BaseModel):
     ch: str = ""
     ts: str = ""
     c: str | None = None
+    g: int | None = None
 
 
 def client(settings: Settings | None = None) -> WebClient:
@@ -174,7 +182,16 @@ def request_blocks(
             ],
         }
     )
-    value = ButtonValue(a=record.approval_id, r=record.round, s=slot, c=confirm[0], cv=confirm[1])
+    offer = record.grant_offer
+    value = ButtonValue(
+        a=record.approval_id,
+        r=record.round,
+        s=slot,
+        c=confirm[0],
+        cv=confirm[1],
+        g=offer.max_seconds if offer else None,
+        gw=offer.words[:MAX_GRANT_WORDS] if offer else None,
+    )
     blocks.append(
         {
             "type": "actions",
@@ -212,8 +229,9 @@ def with_note(message: Posted, line: str, *, keep_buttons: bool) -> list[dict[st
     return blocks
 
 
-def modal(state: ModalState, summary: str, confirm_value: str | None) -> dict[str, Any]:
-    """The confirmation step inside Slack: the reason field and, when high stakes, the typed value."""
+def modal(state: ModalState, summary: str, confirm_value: str | None, grant_words: str | None = None) -> dict[str, Any]:
+    """The confirmation step inside Slack: the reason field, when high stakes the typed value, and when
+    the policy offers one a standing approval (its scope in words, and how long: "no" by default)."""
     approving = state.v == "approve"
     blocks: list[dict[str, Any]] = [
         {"type": "section", "text": _plain(f"{'Approve' if approving else 'Reject'}: {summary}")},
@@ -232,6 +250,24 @@ def modal(state: ModalState, summary: str, confirm_value: str | None) -> dict[st
                 "block_id": CONFIRM_BLOCK,
                 "label": _plain(f"High stakes: type the {state.c} ({confirm_value}) to confirm", 2000),
                 "element": {"type": "plain_text_input", "action_id": CONFIRM_INPUT, "max_length": 200},
+            }
+        )
+    if approving and state.g:
+        none = {"text": _plain("No: ask me each time", 75), "value": NO_GRANT}
+        choices = [{"text": _plain(duration(d), 75), "value": str(d)} for d in grant_choices(state.g)]
+        blocks.append(
+            {
+                "type": "input",
+                "block_id": GRANT_BLOCK,
+                "optional": True,
+                "label": _plain("Also let calls like this one run without asking you?", 2000),
+                **({"hint": _plain(grant_words, 2000)} if grant_words else {}),
+                "element": {
+                    "type": "static_select",
+                    "action_id": GRANT_INPUT,
+                    "initial_option": none,
+                    "options": [none, *choices],
+                },
             }
         )
     return {

@@ -44,6 +44,8 @@ class SlackSubmission(BaseModel):
     verdict: Literal["approve", "reject"]
     reason: str = Field(default="", max_length=2000)
     confirm: str = Field(default="", max_length=200)
+    grant: str = Field(default="", max_length=20)
+    """The standing approval's seconds picked in the modal ("" for none)."""
     channel: str = ""
     ts: str = ""
     now: float
@@ -106,6 +108,12 @@ def _input(payload: dict[str, Any], block: str, action: str) -> str:
     return str(field_at(payload, "view", "state", "values", block, action, "value") or "")
 
 
+def _picked(payload: dict[str, Any], block: str, action: str) -> str:
+    """A select's chosen value ("" when none, or the "no" option)."""
+    value = str(field_at(payload, "view", "state", "values", block, action, "selected_option", "value") or "")
+    return "" if value == slack.NO_GRANT else value[:20]
+
+
 def submission(payload: dict[str, Any], now: float) -> SlackSubmission:
     """What a modal submission decided; NotOurs for another modal, ValueError (or pydantic's
     ValidationError) for one that is malformed."""
@@ -121,6 +129,7 @@ def submission(payload: dict[str, Any], now: float) -> SlackSubmission:
         verdict=state.v,  # type: ignore[arg-type]  # validated by the model
         reason=_input(payload, slack.REASON_BLOCK, slack.REASON_INPUT).strip(),
         confirm=_input(payload, slack.CONFIRM_BLOCK, slack.CONFIRM_INPUT),
+        grant=_picked(payload, slack.GRANT_BLOCK, slack.GRANT_INPUT),
         channel=state.ch,
         ts=state.ts,
         now=now,

@@ -93,6 +93,15 @@ class GrantPolicy(BaseModel):
         return self
 
 
+_GRANT_STEPS = (3600, 4 * 3600, 24 * 3600, 7 * 24 * 3600, 30 * 24 * 3600)
+
+
+def grant_choices(max_seconds: int) -> list[int]:
+    """The durations the page and the Slack modal offer for a standing approval: the usual steps up
+    to the policy's maximum, and the maximum."""
+    return [s for s in _GRANT_STEPS if s < max_seconds] + [max_seconds]
+
+
 class ToolPolicy(BaseModel):
     """How one tool is gated. `when` is a condition such as `amount_usd > 500`; None means always."""
 

@@ -113,6 +113,7 @@ class SlackInteractions:
             ch=str(channel or ""),
             ts=str(message_ts or ""),
             c=value.c,
+            g=value.g,
         )
         token = self.settings.slack_bot_token
         if token is None:
@@ -124,7 +125,7 @@ class SlackInteractions:
             await asyncio.to_thread(
                 web.views_open,
                 trigger_id=str(payload.get("trigger_id", "")),
-                view=slack.modal(state, summary, value.cv),
+                view=slack.modal(state, summary, value.cv, value.gw),
             )
         except (SlackApiError, OSError, TimeoutError, ValueError) as exc:
             # Nothing is decided; the person can click again or use the email.

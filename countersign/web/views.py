@@ -16,6 +16,7 @@ from starlette.responses import HTMLResponse
 
 from countersign.security.textsafety import finalize, verbatim
 from countersign.timewords import duration
+from countersign.tools.policy import grant_choices
 from countersign.web import wording
 
 # auto_reload off: the templates ship with the package, and checking their mtimes on every page
@@ -39,14 +40,6 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
 }
-
-
-_GRANT_STEPS = (3600, 4 * 3600, 24 * 3600, 7 * 24 * 3600, 30 * 24 * 3600)
-
-
-def grant_choices(max_seconds: int) -> list[int]:
-    """The durations a standing approval's form offers: the usual steps up to the policy's maximum, and it."""
-    return [s for s in _GRANT_STEPS if s < max_seconds] + [max_seconds]
 
 
 _TEMPLATES.globals["grant_choices"] = grant_choices

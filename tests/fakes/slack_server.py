@@ -270,12 +270,21 @@ def click(message: Message, user: str, action: str = "countersign_approve") -> d
 
 
 def submit(
-    view: dict[str, Any], user: str, *, reason: str = "", confirm: str | None = None, view_id: str = "V1"
+    view: dict[str, Any],
+    user: str,
+    *,
+    reason: str = "",
+    confirm: str | None = None,
+    view_id: str = "V1",
+    grant: str | None = None,
 ) -> dict[str, Any]:
-    """The `view_submission` payload of `user` submitting the modal `view` (as opened)."""
+    """The `view_submission` payload of `user` submitting the modal `view` (as opened); `grant` the
+    value of the standing approval's option they chose."""
     values: dict[str, Any] = {"reason": {"reason_input": {"type": "plain_text_input", "value": reason}}}
     if confirm is not None:
         values["confirm"] = {"confirm_input": {"type": "plain_text_input", "value": confirm}}
+    if grant is not None:
+        values["grant"] = {"grant_input": {"type": "static_select", "selected_option": {"value": grant}}}
     return {
         "type": "view_submission",
         "user": {"id": user},

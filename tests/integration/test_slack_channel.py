@@ -383,3 +383,34 @@ def test_a_batch_reaches_slack_one_message_per_item_and_each_is_decided_there(
     assert [a["outcome"] for a in result["actions"]] == ["approved", "approved"]
     assert sorted(r[1] for r in refunds_for(stack.db_path, run_id)) == sorted([first, second])
     assert batch_mail.link, "the batch email went out as well"
+
+
+def test_a_standing_approval_given_in_the_slack_modal_covers_the_next_similar_call(
+    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        POLICY + '[tools.issue_refund.grants]\nmax_seconds = 14400\nmax_uses = 1\nat_most = ["amount_usd"]\n'
+    )
+    stack = isolated_stack(app_env={**slack_env(fake), "APPROVALS_POLICY_FILE": str(policy)})
+    order = new_order(stack.db_path, 300000)
+    stack.ingress.start_run("slack-g1", refund(order))
+    [message] = fake.wait_message()
+    view = open_modal(stack, fake, message, FINANCE_ID, "countersign_approve")
+    [field] = [b for b in view["blocks"] if b.get("block_id") == "grant"]
+    assert "amount_usd ≤ 800.00" in field["hint"]["text"] and "at most 1 call" in field["hint"]["text"]
+    options = [o["value"] for o in field["element"]["options"]]
+    assert options == ["none", "3600", "14400"] and field["element"]["initial_option"]["value"] == "none"
+
+    # A forged duration (above the policy's maximum) decides nothing, and Slack tells the person why.
+    interact(stack, submission(view, FINANCE_ID, grant="999999", view_id="V-forged"))
+    told = wait_until(lambda: [e for e in fake.ephemeral if e["user"] == FINANCE_ID] or None, 30, "the refusal")
+    assert "standing approval lasts" in told[0]["text"] and len(pending(stack, "slack-g1")) == 1
+
+    interact(stack, submission(view, FINANCE_ID, grant="3600", view_id="V-grant"))
+    assert stack.ingress.wait_output("slack-g1", timeout=60).json()["actions"][0]["outcome"] == "approved"
+    stack.ingress.start_run("slack-g2", refund(order, "650.00"))
+    [action] = stack.ingress.wait_output("slack-g2", timeout=60).json()["actions"]
+    assert action["outcome"] == "granted" and action["grant_id"] == "g-slack-g1-a0"
+    assert action["approved_by"] == [FINANCE]
+    assert refunds_for(stack.db_path, "slack-g2") == [("slack-g2/0", order, 65000)]
