@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 from support.approver import approval_emails, form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import REPO, IsolatedStack, StackFactory, free_port, wait_until
+from support.processes import REPO, IsolatedStack, StackFactory, free_port, parked, wait_until
 
 from countersign.exceptions import SettingsError
 from countersign.runtime.server import listeners
@@ -132,7 +132,7 @@ def test_counts_survive_a_kill9_while_waiting_once_each(isolated_stack: StackFac
     assert value(before, "countersign_durable_state_up") == 1
 
     stack.app.kill9()
-    wait_until(lambda: statuses(stack, "obs-kill") & {"suspended", "backing-off"}, 30, "the run to park")
+    wait_until(lambda: parked(statuses(stack, "obs-kill")), 30, "the run to park")
     stack.app.restart()
     restarted, _ = scrape(port)
     assert value(restarted, "countersign_approvals_waiting", **REFUND) == 1, "durable, not in-process"

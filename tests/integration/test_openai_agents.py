@@ -18,7 +18,7 @@ from fakes.fixtures import running
 from fakes.provider import JsonObject, Reply
 from support.approver import form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import REPO, IsolatedStack, StackFactory, wait_until
+from support.processes import REPO, IsolatedStack, StackFactory, parked, wait_until
 
 
 @pytest.fixture()
@@ -215,7 +215,7 @@ def test_kill9_of_the_handler_while_pending_then_approve_runs_the_tool_once(
     csrf = form_csrf(mail.link)
 
     stack.app.kill9()
-    wait_until(lambda: agent_statuses(stack) & {"suspended", "backing-off"}, 30, "the agent's run to park")
+    wait_until(lambda: parked(agent_statuses(stack)), 30, "the agent's run to park")
     stack.app.restart()
     assert submit(mail.link, "approve", csrf=csrf).status_code == 200
 

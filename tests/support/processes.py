@@ -147,6 +147,16 @@ def wait_until(predicate: Callable[[], T | bool | None], timeout: float, what: s
         time.sleep(min(interval, remaining))
 
 
+PARKED = frozenset({"suspended", "backing-off"})
+"""Restate's statuses of an invocation that waits (on a call, or to retry) rather than runs."""
+
+
+def parked(statuses: set[str]) -> set[str] | None:
+    """The parked statuses among an invocation's `statuses`, or None while there are none: a
+    predicate for `wait_until`, which takes an empty set as an answer, not as "not yet"."""
+    return (statuses & PARKED) or None
+
+
 # --------------------------------------------------------------------------------------------------
 # Process handling. Popen.poll()/send_signal() reap an exited child, after which its PID may be
 # reused; these helpers look with WNOWAIT instead, so the PID (and its process group id) stays
