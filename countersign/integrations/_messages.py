@@ -16,6 +16,8 @@ def denial_message(record: ActionRecord) -> str:
     """What the model reads when a call did not run, or ran and failed (the gate's record of it)."""
     reason = record.reason or (record.result or {}).get("error") or "no reason given"
     match record.outcome:
+        case Outcome.REJECTED if record.decision_source == "system":  # e.g. a call outside the plan, refused
+            return f"Rejected: {reason}. Do not propose this exact call again."
         case Outcome.REJECTED:
             return f"Rejected by the approver: {reason}. Do not propose this exact call again."
         case Outcome.EXPIRED:

@@ -67,6 +67,7 @@ from restate import TerminalError
 from restate.extensions import current_context
 
 from countersign.approval.calls import gated_call
+from countersign.approval.plan import ApprovedPlan
 from countersign.contract import ActionRecord, Outcome
 from countersign.integrations._messages import denial_message
 from countersign.integrations._tools import loaded_tools
@@ -126,6 +127,7 @@ class _Run:
     tenant: str
     run_id: str | None
     goal: str
+    plan: ApprovedPlan | None = None
 
 
 _CURRENT: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("countersign_adk_run", default=None)
@@ -138,14 +140,18 @@ async def run_gated(
     tenant: str = "default",
     run_id: str | None = None,
     goal: str = "",
+    plan: ApprovedPlan | None = None,
     **run_async: Any,
 ) -> AsyncIterator[Event]:
     """`runner.run_async(**run_async)`'s events, with this run's facts for `CountersignPlugin`:
     `requester` (an email: told of outcomes), `tenant`, `run_id` (default: the invocation id; give a
     stable one so one action maps to one approval across invocations) and `goal` (default: the run's
-    user message). A `TerminalError` raised under ADK (by the gate, or by a refused wiring) comes out
-    as itself, not as the RuntimeError ADK wraps it in, so the invocation fails instead of retrying."""
-    token = _CURRENT.set(_Run(requester, tenant, run_id, goal))
+    user message); `plan` (an `ApprovedPlan` from `request_plan_approval`, asked earlier in the
+    handler) is handed to each `gated_call`: a call inside it runs without a new approval, one
+    outside it is asked again or refused, as the plan says. A `TerminalError` raised under ADK (by the
+    gate, or by a refused wiring) comes out as itself, not as the RuntimeError ADK wraps it in, so the
+    invocation fails instead of retrying."""
+    token = _CURRENT.set(_Run(requester, tenant, run_id, goal, plan))
     try:
         async for event in runner.run_async(**run_async):
             yield event
@@ -173,8 +179,8 @@ class CountersignPlugin(BasePlugin):
     """Gates each call of a Countersign tool through `gated_call`; place it after `RestatePlugin`.
 
     A run's `requester`, `tenant`, `run_id` and `goal` come from `run_gated`, else from these keyword
-    arguments (see `run_gated`). The approver reads the model's words in the reply that made the call
-    as its "why"."""
+    arguments (see `run_gated`); its `plan` only from `run_gated`, as a plan is approved per run. The
+    approver reads the model's words in the reply that made the call as its "why"."""
 
     def __init__(
         self,
@@ -208,6 +214,7 @@ class CountersignPlugin(BasePlugin):
             goal=facts.goal or _text(tool_context.user_content),
             run_id=run_id,
             trail=trail,
+            plan=facts.plan,
             asked_by="agent",
         )
         trail.append(record)
@@ -222,6 +229,7 @@ class CountersignPlugin(BasePlugin):
                 given.tenant,
                 given.run_id or default.run_id,
                 given.goal or default.goal,
+                given.plan,
             )
         if not facts.requester:
             raise TerminalError(

@@ -61,6 +61,7 @@ from restate import TerminalError
 from restate.extensions import current_context
 
 from countersign.approval.calls import gated_call
+from countersign.approval.plan import ApprovedPlan
 from countersign.contract import ActionRecord, Outcome
 from countersign.integrations._messages import RAN, denial_message
 from countersign.integrations._tools import loaded_tools
@@ -105,13 +106,16 @@ class CountersignContext:
 
     `requester` (an email: told of outcomes), `tenant`, `run_id` (default: the invocation id; give a
     stable one, e.g. the workflow key, so one action maps to one approval across invocations) and
-    `goal` (default: the run's first user message) reach the gate as they do from `gated_call`. An
-    agent's own context object (or dict) with fields of these names serves as well."""
+    `goal` (default: the run's first user message) reach the gate as they do from `gated_call`, and
+    so does `plan` (an `ApprovedPlan` from `request_plan_approval`, asked earlier in the handler): a
+    call inside it runs without a new approval, one outside it is asked again or refused, as the plan
+    says. An agent's own context object (or dict) with fields of these names serves as well."""
 
     requester: str
     tenant: str = "default"
     run_id: str | None = None
     goal: str = ""
+    plan: ApprovedPlan | None = None
 
 
 def countersign_tools(tools: Sequence[str | Tool] | None = None) -> list[BaseTool]:
@@ -205,6 +209,7 @@ class CountersignMiddleware(AgentMiddleware[AgentState[Any], Any]):
             goal=run.goal or _first_request(_messages(request.state)),
             run_id=run.run_id,
             trail=trail,
+            plan=run.plan,
             asked_by="agent",
         )
         trail.append(record)
@@ -221,7 +226,13 @@ class CountersignMiddleware(AgentMiddleware[AgentState[Any], Any]):
                 "to the agent's ainvoke, or CountersignMiddleware(requester=...)",
                 400,
             )
-        return CountersignContext(**facts)
+        plan = _field(context, "plan", None)
+        if plan is not None and not isinstance(plan, ApprovedPlan):
+            raise TerminalError(
+                f"the run's plan must be the ApprovedPlan request_plan_approval returned, not {type(plan).__name__}",
+                400,
+            )
+        return CountersignContext(**facts, plan=plan)
 
     def _why(self, request: ToolCallRequest) -> str:
         describe = self._descriptions.get(request.tool_call["name"])

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -35,6 +36,7 @@ from pydantic import BaseModel, TypeAdapter
 from restate import RunOptions, TerminalError
 
 from countersign.approval.calls import gated_call
+from countersign.approval.plan import ApprovedPlan
 from countersign.contract import ActionRecord, Outcome
 from countersign.extras import install_hint
 from countersign.tools import default_registry
@@ -62,7 +64,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         f"countersign.integrations.openai_agents needs the OpenAI Agents SDK: {install_hint('openai-agents')}"
     ) from exc
 
-__all__ = ["ApprovalFunction", "countersign_tool", "run_gated"]
+__all__ = ["ApprovalFunction", "countersign_actions", "countersign_tool", "run_gated"]
 
 ApprovalFunction = Callable[[RunContextWrapper[Any], dict[str, Any], str], Awaitable[bool]]
 """The SDK's own form of `needs_approval`: (run context, parsed arguments, call id) -> ask?"""
@@ -83,20 +85,34 @@ class _Run:
     goal: str
     why: str
     run_id: str
-    next_index: int
+    next_index: int | None
+    """The index of the next gated call; None: the gate's own count of the invocation's calls."""
+    plan: ApprovedPlan | None
     decided: dict[str, ActionRecord] = field(default_factory=dict)
     """By the SDK's tool call id: the gate's record of a call the SDK is about to report."""
     done: list[ActionRecord] = field(default_factory=list)
     """The gate's records in the order they came back: each approver's "what this run did before"."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def take_index(self) -> int:
+    def take_index(self) -> int | None:
         index = self.next_index
-        self.next_index += 1
+        if index is not None:
+            self.next_index = index + 1
         return index
 
 
 _CURRENT: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("countersign_openai_run", default=None)
+
+# The gate's records of each run (by the run id given to run_gated) of one invocation, in order:
+# what `countersign_actions` returns. Rebuilt alike on a replay, as the calls are journaled.
+_TRAILS: weakref.WeakKeyDictionary[restate.Context, dict[str | None, list[ActionRecord]]] = weakref.WeakKeyDictionary()
+
+
+def countersign_actions(ctx: restate.Context, run_id: str | None = None) -> list[ActionRecord]:
+    """The gate's records of the calls `run_gated` made in this invocation for `run_id` (None: the
+    runs placed under the invocation id), in order: outcome, arguments run, who approved, result,
+    and the plan's approval and any deviation from it."""
+    return list(_TRAILS.get(ctx, {}).get(run_id, []))
 
 
 def countersign_tool(tool: str | Tool, *, needs_approval: bool | ApprovalFunction = True) -> FunctionTool:
@@ -148,7 +164,8 @@ async def run_gated(
     goal: str = "",
     why: str = "",
     run_id: str | None = None,
-    first_index: int = 0,
+    first_index: int | None = None,
+    plan: ApprovedPlan | None = None,
     run_config: RunConfig | None = None,
     run_options: RunOptions[Any] | None = None,
     max_turns: int = 10,
@@ -156,11 +173,16 @@ async def run_gated(
     """Run `agent` on `input` inside this Restate handler, asking a person for every interruption.
 
     Approvals are placed at `<run_id>-a<index>` (effects under `<run_id>/<index>`), with indexes from
-    `first_index` in the order the calls are gated; `run_id` defaults to the invocation id. The model
+    `first_index` in the order the calls are gated (None: the gate's own count of this invocation's
+    calls, as `gated_call` places them, so a plan asked before in the handler keeps its place);
+    `run_id` defaults to the invocation id. `plan` (an `ApprovedPlan` from `request_plan_approval`)
+    is handed to each `gated_call`: a call inside it runs without a new approval, one outside it is
+    asked again or refused, as the plan says. The model
     is journaled whether the agent names it (resolved by `run_config.model_provider`, by default the
     SDK's OpenAI provider) or holds a Model instance."""
     where = run_id or ctx.request().id
-    run = _Run(ctx, requester, tenant, goal or _text(input), why, where, first_index)
+    run = _Run(ctx, requester, tenant, goal or _text(input), why, where, first_index, plan)
+    run.done = _TRAILS.setdefault(ctx, {}).setdefault(run_id, [])
     config = _journaled(ctx, agent, run_config or RunConfig(), run_options or _MODEL_STEP)
     token = _CURRENT.set(run)
     try:
@@ -224,6 +246,7 @@ async def _gate(run: _Run, name: str, args: dict[str, Any]) -> ActionRecord:
         run_id=run.run_id,
         index=run.take_index(),
         trail=run.done,
+        plan=run.plan,
         asked_by="agent",
     )
     run.done.append(record)

@@ -55,6 +55,7 @@ from restate import TerminalError
 from restate.extensions import current_context
 
 from countersign.approval.calls import gated_call
+from countersign.approval.plan import ApprovedPlan
 from countersign.contract import ActionRecord
 from countersign.integrations._messages import denial_message
 from countersign.tools import default_registry
@@ -192,16 +193,19 @@ class Countersign(AbstractCapability[Any]):
     Create one per run (inside the handler): `requester` (an email: told of outcomes), `tenant`,
     `run_id` (default: the invocation id; give a stable one, e.g. the workflow key, so one action maps
     to one approval across invocations) and `goal` (default: the run's prompt) reach the gate as they
-    do from `gated_call`. `actions` lists the gate's records of the calls (outcome, arguments run,
-    result), in order, for the handler to return or record, as an `AgentRun`'s result lists its own;
-    each approver also sees them, as the run's earlier calls. Deferred calls of tools that are not
-    Countersign's are left alone (a later capability may answer them, or the run ends with
-    `DeferredToolRequests` as usual)."""
+    do from `gated_call`. `plan` (an `ApprovedPlan` from `request_plan_approval`, asked earlier in the
+    handler) is handed to each `gated_call`: a call inside it runs without a new approval, one outside
+    it is asked again or refused, as the plan says. `actions` lists the gate's records of the calls
+    (outcome, arguments run, result), in order, for the handler to return or record, as an
+    `AgentRun`'s result lists its own; each approver also sees them, as the run's earlier calls.
+    Deferred calls of tools that are not Countersign's are left alone (a later capability may answer
+    them, or the run ends with `DeferredToolRequests` as usual)."""
 
     requester: str
     tenant: str = "default"
     run_id: str | None = None
     goal: str = ""
+    plan: ApprovedPlan | None = None
     actions: list[ActionRecord] = field(default_factory=list, init=False)
 
     @classmethod
@@ -230,6 +234,7 @@ class Countersign(AbstractCapability[Any]):
                 goal=self.goal or prompt,
                 run_id=self.run_id,
                 trail=self.actions,
+                plan=self.plan,
                 asked_by="agent",
             )
             self.actions.append(record)

@@ -38,7 +38,6 @@ from countersign.llm.base import ToolCall
 Path_ = Literal["agent", "gated_call", "pydantic_ai", "openai_agents", "langchain", "adk"]
 
 # Why an adapter cannot express a case (the table's adapter columns; None: it runs the case).
-NO_PLAN = "no plan: the adapter asks request_approval / gated_call without one, and its API takes none"
 PYDANTIC_AI_CHECKS_FIRST = (
     "Pydantic AI answers it before the gate: a tool the agent lacks, or arguments its schema refuses, "
     "go back to the model as a retry prompt"
@@ -141,10 +140,6 @@ CASES = [
         "approved",
         1,
         plan="ask",
-        pydantic_ai=NO_PLAN,
-        openai_agents=NO_PLAN,
-        langchain=NO_PLAN,
-        adk=NO_PLAN,
         settles=(PLAN_DECIDED, (0, "executed")),
     ),
     Case(
@@ -154,10 +149,6 @@ CASES = [
         "rejected",
         0,
         plan="refuse",
-        pydantic_ai=NO_PLAN,
-        openai_agents=NO_PLAN,
-        langchain=NO_PLAN,
-        adk=NO_PLAN,
         deviation=True,
         settles=(PLAN_DECIDED,),
     ),
@@ -168,10 +159,6 @@ CASES = [
         "approved",
         1,
         plan="ask",
-        pydantic_ai=NO_PLAN,
-        openai_agents=NO_PLAN,
-        langchain=NO_PLAN,
-        adk=NO_PLAN,
         decide=("approve",),
         deviation=True,
         settles=(PLAN_DECIDED, (1, "outcome")),
@@ -265,12 +252,16 @@ def told(stack: Stack, run_id: str) -> str:
 
 
 def through_an_adapter(
-    service: str, stack: Stack, run_id: str, case: Case, args: dict[str, Any], key: str | None = None
+    service: str, stack: Stack, run_id: str, case: Case, args: dict[str, Any], planned: int, key: str | None = None
 ) -> tuple[str, dict[str, Any]]:
-    """The model (named after the run) proposes the case's call, then answers. Returns what the model
-    was told of the call, and what the user's handler returned."""
+    """The handler has the case's plan (if any) approved and hands it to the adapter; then the model
+    (named after the run) proposes the case's call, and answers. Returns what the model was told of
+    the call, and what the user's handler returned."""
     stack.model.script(run_id, oai.tool_calls(run_id, (case.tool, args), text=WHY), oai.answer(run_id, "Done."))
-    invocation = stack.ingress.send(service, key, "run", {"run_id": run_id})
+    task: dict[str, Any] = {"run_id": run_id}
+    if case.plan is not None:
+        task |= {"plan": plan_of(planned), "on_deviation": case.plan}
+    invocation = stack.ingress.send(service, key, "run", task)
     decide(stack, run_id, case)
     done = stack.ingress.wait_invocation(invocation, timeout=60)
     assert done.status_code == 200, done.text
@@ -279,42 +270,47 @@ def through_an_adapter(
     return told(stack, run_id), output
 
 
-# What each adapter tells its model of a call that did not run, by the gate's outcome. Of a call that
-# ran, Pydantic AI hands the model the tool's result; the Agents SDK adapter a report naming the outcome.
-PYDANTIC_AI_DENIALS = {"rejected": "Rejected by the approver: ", "failed": "Not run (failed): "}
-OPENAI_AGENTS_DENIALS = {
-    "rejected": "Rejected by the approver: ",
-    "failed": "Not run (failed): ",
-    "invalid": "Not run (invalid): ",
-}
+# What each adapter tells its model of a call that did not run (the gate's outcome, the opening of
+# the message). Of a call that ran, Pydantic AI hands the model the tool's result; the Agents SDK
+# adapter a report naming the outcome. A refusal outside a plan is the system's, not the approver's.
+PYDANTIC_AI_DENIALS = (
+    ("rejected", "Rejected by the approver: "),
+    ("rejected", "Rejected: "),
+    ("failed", "Not run (failed): "),
+)
+OPENAI_AGENTS_DENIALS = (*PYDANTIC_AI_DENIALS, ("invalid", "Not run (invalid): "))
 
 
-def heard(text: str, denials: dict[str, str]) -> tuple[str | None, str]:
+def heard(text: str, denials: tuple[tuple[str, str], ...]) -> tuple[str | None, str]:
     """The gate's outcome a model was told of (None: it was not told of a denial) and the rest of it."""
-    for outcome, opening in denials.items():
+    for outcome, opening in denials:
         if text.startswith(opening):
             return outcome, text.removeprefix(opening)
     return None, text
 
 
 def through_pydantic_ai(stack: Stack, run_id: str, case: Case, args: dict[str, Any], planned: int) -> dict[str, Any]:
-    text, output = through_an_adapter("PydanticGatePath", stack, run_id, case, args)
+    text, output = through_an_adapter("PydanticGatePath", stack, run_id, case, args, planned)
     [reported] = output["actions"]  # the Countersign capability's answer, as the handler reads it
     outcome, rest = heard(text, PYDANTIC_AI_DENIALS)
     if outcome is None:  # it ran: the model holds the tool's result (ToolApproved, whoever approved)
         assert json.loads(text)["order_id"] == args["order_id"], text
         outcome = reported["outcome"]
     assert reported["outcome"] == outcome, (reported, text)
-    return {"outcome": outcome, "result": {"error": rest}}
+    return {**reported, "outcome": outcome, "result": {"error": rest}}
 
 
 def through_openai_agents(stack: Stack, run_id: str, case: Case, args: dict[str, Any], planned: int) -> dict[str, Any]:
-    text, _ = through_an_adapter("OpenAIGatePath", stack, run_id, case, args)
+    text, output = through_an_adapter("OpenAIGatePath", stack, run_id, case, args, planned)
+    record: dict[str, Any]
+    [record] = output["actions"]  # the gate's record, as countersign_actions gives it to the handler
     outcome, rest = heard(text, OPENAI_AGENTS_DENIALS)
     if outcome is None:  # it ran: the model is told the gate's outcome and the tool's result
-        report: dict[str, Any] = json.loads(text)
-        return report
-    return {"outcome": outcome, "result": {"error": rest}}
+        report = json.loads(text)
+        assert (report["outcome"], report["result"]) == (record["outcome"], record["result"]), (record, text)
+        return record
+    assert record["outcome"] == outcome, (record, text)
+    return {**record, "result": {"error": rest}}
 
 
 TEXT_DENIALS = OPENAI_AGENTS_DENIALS
@@ -323,7 +319,7 @@ adapter's openings too)."""
 
 
 def through_langchain(stack: Stack, run_id: str, case: Case, args: dict[str, Any], planned: int) -> dict[str, Any]:
-    text, output = through_an_adapter("LangChainGatePath", stack, run_id, case, args)
+    text, output = through_an_adapter("LangChainGatePath", stack, run_id, case, args, planned)
     record: dict[str, Any]
     [record] = output["actions"]  # the gate's record, carried by the tool message the model read
     outcome, _ = heard(text, TEXT_DENIALS)
@@ -335,7 +331,7 @@ def through_langchain(stack: Stack, run_id: str, case: Case, args: dict[str, Any
 
 
 def through_adk(stack: Stack, run_id: str, case: Case, args: dict[str, Any], planned: int) -> dict[str, Any]:
-    text, output = through_an_adapter("AdkGatePath", stack, run_id, case, args, key=run_id)
+    text, output = through_an_adapter("AdkGatePath", stack, run_id, case, args, planned, key=run_id)
     record: dict[str, Any]
     [record] = output["actions"]
     response = json.loads(text)  # ADK hands the model the tool's response dict as JSON
@@ -420,3 +416,39 @@ def test_a_model_turns_journaled_answers_read_back_as_the_gates_answers() -> Non
     assert routing.route(routing.ask("issue_refund", ["not", "a", "mapping"], "a@example.com", "default"), "x") == (
         routing.Route("invalid", "invalid arguments: expected an object of argument names and values, not list")
     )
+
+
+ADAPTERS: dict[Path_, tuple[str, Callable[[str], str | None]]] = {
+    "pydantic_ai": ("PydanticGatePath", lambda run_id: None),
+    "openai_agents": ("OpenAIGatePath", lambda run_id: None),
+    "langchain": ("LangChainGatePath", lambda run_id: None),
+    "adk": ("AdkGatePath", lambda run_id: run_id),
+}
+"""Each adapter's service in tests/support/gate_path, and its key for a run."""
+
+
+@pytest.mark.parametrize("way", list(ADAPTERS))
+def test_an_adapter_hands_the_gate_one_plan_for_the_whole_run(stack: Stack, way: Path_) -> None:
+    """The plan allows one refund; the model proposes two in one reply. The first runs inside the plan,
+    the second is over the plan's count and refused: the adapter hands every call the same plan, whose
+    count the gate keeps, and the model hears the refusal."""
+    run_id = f"count-{way}".replace("_", "-")
+    order = new_order(stack.db, 100000)
+    calls = [("issue_refund", refund(order, "600.00")), ("issue_refund", refund(order, "700.00"))]
+    stack.model.script(run_id, oai.tool_calls(run_id, *calls, text=WHY), oai.answer(run_id, "Done."))
+    service, key = ADAPTERS[way]
+    task = {"run_id": run_id, "plan": plan_of(order), "on_deviation": "refuse"}
+    invocation = stack.ingress.send(service, key(run_id), "run", task)
+    [plan_mail] = wait_for_email(stack.outbox, run_id)
+    assert submit(plan_mail.link, "approve").status_code == 200
+    done = stack.ingress.wait_invocation(invocation, timeout=60)
+    assert done.status_code == 200, done.text
+
+    inside, over = done.json()["actions"]
+    assert (inside["outcome"], inside["plan_approval_id"], inside["deviation"]) == ("approved", f"{run_id}-a0", None)
+    assert (over["outcome"], over["plan_approval_id"]) == ("rejected", f"{run_id}-a0"), over
+    assert over["deviation"].startswith("more calls than the plan allows"), over
+    assert len(refunds_for(stack.db, run_id)) == 1
+    ran, refused = (str(m["content"]) for m in oai.tool_messages(stack.model.seen(run_id)[-1].body))
+    assert "outside the approved plan" not in ran
+    assert "refused: outside the approved plan (more calls than the plan allows" in refused, refused

@@ -1,15 +1,15 @@
 """A user's own code for tests/integration/test_gate_path.py, served beside Countersign with
 COUNTERSIGN_SERVICES=tests.support.gate_path:served and COUNTERSIGN_TOOLS=tests.support.gate_path:TOOLS.
 
-The ways a user reaches the gate: `GatePath.call` calls `gated_call` (after `request_plan_approval`
-when the case has a plan); `PydanticGatePath.run` runs a Pydantic AI agent (RestateAgent, with
+The ways a user reaches the gate, each after `request_plan_approval` when the case has a plan (the
+approved plan handed to the adapter where it takes the run's facts): `GatePath.call` calls
+`gated_call`; `PydanticGatePath.run` runs a Pydantic AI agent (RestateAgent, with
 `CountersignToolset` and the `Countersign` capability); `OpenAIGatePath.run` runs an OpenAI Agents SDK
 agent (`countersign_tool`, `run_gated`); `LangChainGatePath.run` runs a LangChain `create_agent` agent
 (`countersign_tools`, RestateMiddleware then CountersignMiddleware); `AdkGatePath.run` (a Virtual
 Object, for RestateSessionService) runs a Google ADK `LlmAgent` (`countersign_tools`, RestatePlugin then
-CountersignPlugin, `run_gated`). The agents' models are the
-frameworks' own OpenAI clients, named after the run (OPENAI_BASE_URL points them at the test's fake
-server, which scripts each run).
+CountersignPlugin, `run_gated`). The agents' models are the frameworks' own OpenAI clients, named
+after the run (OPENAI_BASE_URL points them at the test's fake server, which scripts each run).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from restate.ext.adk import RestatePlugin, RestateSessionService
 from restate.ext.langchain import RestateMiddleware
 from restate.ext.pydantic import RestateAgent
 
-from countersign import Tool, ToolPolicy, gated_call, request_plan_approval
+from countersign import ApprovedPlan, Tool, ToolPolicy, gated_call, request_plan_approval
 from countersign.integrations import adk
 from countersign.integrations.langchain import (
     CountersignContext,
@@ -43,6 +43,7 @@ from countersign.integrations.langchain import (
     countersign_actions,
     countersign_tools,
 )
+from countersign.integrations.openai_agents import countersign_actions as openai_actions
 from countersign.integrations.openai_agents import countersign_tool, run_gated
 from countersign.integrations.pydantic_ai import Countersign, CountersignToolset
 from handlers.demo.tools import DEMO_TOOLS, IssueRefundArgs, issue_refund
@@ -88,6 +89,23 @@ async def call(ctx: restate.Context, case: Case) -> dict[str, Any]:
 class AgentTask(BaseModel):
     run_id: str
     """Places the approvals and effects, and names the model (the fake server's script for the run)."""
+    plan: dict[str, Any] | None = None
+    on_deviation: Literal["ask", "refuse"] | None = None
+
+
+async def approved_plan(ctx: restate.Context, task: AgentTask) -> ApprovedPlan | None:
+    """The task's plan, approved before the agent runs (placed by the gate's own count: index 0, so
+    the agent's call is index 1), or None when the task has none."""
+    if task.plan is None:
+        return None
+    return await request_plan_approval(
+        ctx,
+        plan=task.plan,
+        requester=REQUESTER,
+        run_id=task.run_id,
+        why="the damaged orders",
+        on_deviation=task.on_deviation,
+    )
 
 
 pydantic_path = restate.Service("PydanticGatePath")
@@ -96,7 +114,7 @@ pydantic_path = restate.Service("PydanticGatePath")
 @pydantic_path.handler(name="run")
 async def pydantic_run(ctx: restate.Context, task: AgentTask) -> dict[str, Any]:
     inner = Agent(infer_model(f"openai-chat:{task.run_id}"), toolsets=[CountersignToolset(OFFERED)])
-    gate = Countersign(requester=REQUESTER, run_id=task.run_id)
+    gate = Countersign(requester=REQUESTER, run_id=task.run_id, plan=await approved_plan(ctx, task))
     result = await RestateAgent(inner).run(GOAL, capabilities=[gate])
     return {"actions": [o.model_dump(mode="json") for o in gate.actions], "answer": str(result.output)}
 
@@ -108,8 +126,12 @@ openai_path = restate.Service("OpenAIGatePath")
 async def openai_run(ctx: restate.Context, task: AgentTask) -> dict[str, Any]:
     agent = SdkAgent(name="gate path", model=task.run_id, tools=[countersign_tool(name) for name in OFFERED])
     config = RunConfig(model_provider=MultiProvider(openai_use_responses=False))
-    result = await run_gated(ctx, agent, GOAL, requester=REQUESTER, run_id=task.run_id, why=WHY, run_config=config)
-    return {"answer": str(result.final_output)}
+    plan = await approved_plan(ctx, task)
+    result = await run_gated(
+        ctx, agent, GOAL, requester=REQUESTER, run_id=task.run_id, why=WHY, plan=plan, run_config=config
+    )
+    actions = [a.model_dump(mode="json") for a in openai_actions(ctx, task.run_id)]
+    return {"actions": actions, "answer": str(result.final_output)}
 
 
 langchain_path = restate.Service("LangChainGatePath")
@@ -124,7 +146,7 @@ async def langchain_run(ctx: restate.Context, task: AgentTask) -> dict[str, Any]
         middleware=middleware,
         context_schema=CountersignContext,
     )
-    who = CountersignContext(requester=REQUESTER, run_id=task.run_id, goal=GOAL)
+    who = CountersignContext(requester=REQUESTER, run_id=task.run_id, goal=GOAL, plan=await approved_plan(ctx, task))
     state = await agent.ainvoke({"messages": [{"role": "user", "content": GOAL}]}, context=who)
     actions = [a.model_dump(mode="json") for a in countersign_actions(state["messages"])]
     return {"actions": actions, "answer": state["messages"][-1].text}
@@ -139,9 +161,15 @@ async def adk_run(ctx: restate.ObjectContext, task: AgentTask) -> dict[str, Any]
     app = App(name="gate_path", root_agent=agent, plugins=[RestatePlugin(), adk.CountersignPlugin()])
     runner = Runner(app=app, session_service=RestateSessionService())
     message = types.Content(role="user", parts=[types.Part.from_text(text=GOAL)])
-    answer = ""
+    answer, plan = "", await approved_plan(ctx, task)
     async for event in adk.run_gated(
-        runner, requester=REQUESTER, run_id=task.run_id, user_id=ctx.key(), session_id=task.run_id, new_message=message
+        runner,
+        requester=REQUESTER,
+        run_id=task.run_id,
+        plan=plan,
+        user_id=ctx.key(),
+        session_id=task.run_id,
+        new_message=message,
     ):
         if event.is_final_response() and event.content and event.content.parts:
             answer = "".join(p.text or "" for p in event.content.parts)
