@@ -177,9 +177,9 @@ async def run_gated(
     calls, as `gated_call` places them, so a plan asked before in the handler keeps its place);
     `run_id` defaults to the invocation id. `plan` (an `ApprovedPlan` from `request_plan_approval`)
     is handed to each `gated_call`: a call inside it runs without a new approval, one outside it is
-    asked again or refused, as the plan says. The model
-    is journaled whether the agent names it (resolved by `run_config.model_provider`, by default the
-    SDK's OpenAI provider) or holds a Model instance."""
+    asked again or refused, as the plan says. The model is journaled whether the agent names it
+    (resolved by `run_config.model_provider`, by default the SDK's OpenAI provider) or holds a Model
+    instance."""
     where = run_id or ctx.request().id
     run = _Run(ctx, requester, tenant, goal or _text(input), why, where, first_index, plan)
     run.done = _TRAILS.setdefault(ctx, {}).setdefault(run_id, [])
