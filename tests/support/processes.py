@@ -41,7 +41,9 @@ RESTATE_CONFIG = REPO / "restate.toml"
 
 RESTATE_START_TIMEOUT = 30.0
 RESTATE_STOP_GRACE = 10.0
-APP_START_TIMEOUT = 20.0
+APP_START_TIMEOUT = 60.0
+"""An app serving an agent framework imports it first (several seconds of CPU for ADK or the Agents
+SDK); with the suite's workers sharing two cores that can take well over 20 s."""
 APP_STOP_GRACE = 5.0
 PORT_RELEASE_TIMEOUT = 15.0
 LOG_TAIL_LINES = 40
