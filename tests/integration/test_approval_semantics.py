@@ -267,7 +267,9 @@ def test_approve_versus_deadline_race_is_consistent(isolated_stack: StackFactory
     stack = policy_stack(
         isolated_stack,
         tmp_path,
-        "[tools.issue_refund]\ndeadline_seconds = 3\nreminders_seconds = []\nescalate_to = []\n",
+        # Long enough for six runs to start and their pages to be read before it passes, also when
+        # the machine is busy: the race is made below, by submitting just before it.
+        "[tools.issue_refund]\ndeadline_seconds = 12\nreminders_seconds = []\nescalate_to = []\n",
     )
     runs = [f"race-{i}" for i in range(6)]
     csrfs = {}
@@ -277,7 +279,7 @@ def test_approve_versus_deadline_race_is_consistent(isolated_stack: StackFactory
         [mail] = wait_for_email(stack.outbox_dir, run)
         csrfs[run] = (mail.link, form_csrf(mail.link))
     deadline = stack.ingress.status(runs[0])["pending"][0]["deadline"]
-    wait_until(lambda: __import__("time").time() >= deadline - 0.15, 10, "the deadline to approach")
+    wait_until(lambda: __import__("time").time() >= deadline - 0.15, 20, "the deadline to approach")
     with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
         replies = dict(
             zip(runs, pool.map(lambda r: submit(csrfs[r][0], "approve", csrf=csrfs[r][1]), runs), strict=True)
