@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import pytest
 from support.processes import REPO
@@ -34,6 +35,7 @@ ALL_METRICS = (
 )
 PERCENTILES = ("p50", "p90", "p99")
 PROCESSES = ("restate", "app")
+MARKER_ENV = "COUNTERSIGN_BENCH_TEST_RUN"
 LIBRARY_METRICS = (*LATENCY_METRICS, "start_to_paused_throughput", "paused_cost")
 """Where the library path (a user's workflow calling the gate) is measured beside the agent."""
 
@@ -63,13 +65,15 @@ def assert_cpu(cpu: dict[str, Any], where: str) -> None:
         assert isinstance(cpu[proc], float | int) and cpu[proc] >= 0, f"{where}.{proc} = {cpu.get(proc)!r}"
 
 
-def bench_processes() -> set[int]:
-    """PIDs of the bench's floor handler and of restate-servers in a bench work dir (only the bench starts them)."""
+def bench_processes(marker: str) -> set[int]:
+    """PIDs of the processes of one bench run: its servers inherit the bench's environment, which
+    carries `marker` (so another run on the machine, another worker's say, is not counted)."""
+    tag = f"{MARKER_ENV}={marker}".encode()
     found = set()
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
-            if any(mark in cmdline.read_bytes() for mark in (b"bench.floor", b"countersign-bench-")):
-                found.add(int(cmdline.parent.name))
+            if tag in environ.read_bytes().split(b"\0"):
+                found.add(int(environ.parent.name))
         except OSError:
             continue
     return found
@@ -78,13 +82,13 @@ def bench_processes() -> set[int]:
 @pytest.mark.slow
 def test_quick_bench_produces_every_metric(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    before = bench_processes()
+    marker = uuid4().hex
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", MARKER_ENV: marker},
     )
     try:
         output, _ = proc.communicate(timeout=BENCH_DEADLINE)
@@ -146,4 +150,5 @@ def test_quick_bench_produces_every_metric(tmp_path: Path) -> None:
     report = (out / "report.md").read_text()
     assert all(name in report for name in ALL_METRICS)
     assert "| metric |" in log, "the table is printed"
-    assert bench_processes() <= before, "the bench left a server running"
+    left = bench_processes(marker)
+    assert not left, f"the bench left processes running: {sorted(left)}"
