@@ -3,7 +3,8 @@
 Guarantee: an item is decided only through its `Approval.decide` with a link token for that item and
 this approver (minted here, verified again by the workflow), and only while the item is still in the
 round of the link that opened the page (the pages refuse a replaced or expired link before coming
-here; an item whose round moved on was sent a fresh link of its own); items left undecided stay
+here, unless its form only repeats this approver's decisions, which each item's `decide` answers
+with its first answer; an item whose round moved on was sent a fresh link of its own); items left undecided stay
 pending, so partial approval works; GET changes nothing. When no item was accepted and one call failed in a way
 that may have reached the workflow (5xx), the answer is 503 "not confirmed", never "not decided".
 """
@@ -42,6 +43,26 @@ def items_for(
 
 def voted(item: ApprovalRecord, slot: int) -> bool:
     return any(v.slot == slot and v.round == item.round for v in item.votes)
+
+
+def repeats_its_votes(
+    status: RunStatus, record: ApprovalRecord, approver: str, link_round: int, form: FormData
+) -> bool:
+    """Whether a batch form only repeats decisions this approver already made in the link's round: a
+    POST sent again because its answer was lost (the app died, the network dropped it). Each item's
+    `decide` under the same key gives back its first answer, so such a form is told the truth also
+    once the link no longer decides anything new."""
+    chosen = 0
+    for item, slot in items_for(status, record, approver, link_round):
+        verdict = form.get(f"verdict.{item.index}")
+        if verdict not in ("approve", "reject"):
+            continue
+        chosen += 1
+        reason = str(form.get(f"reason.{item.index}", "")).strip()[:2000]
+        mine = (v for v in item.votes if v.slot == slot and v.round == item.round)
+        if not any(v.kind == verdict and (v.reason or "") == reason for v in mine):
+            return False
+    return chosen > 0
 
 
 def render(

@@ -238,14 +238,17 @@ class ApprovalPages:
     async def _batch_post(self, runs: RunsClient, token: str, form: FormData, client: str) -> Response:
         """A batch page's POST: its items read afresh (what `submit` answered may be a day-old answer
         that Restate kept under the form's key), the link checked as for a batch's GET, then each
-        chosen item decided."""
+        chosen item decided. A link that no longer decides (expired, replaced) is refused, unless
+        the form only repeats decisions this approver made: then each item's `decide`, under the
+        same key, gives back its first answer (a retried POST is told its decision counted)."""
         checked = await self._checked(runs, runs.status, token)
         if isinstance(checked, Response):
             return checked
         status, record, claims, link_state = checked
-        if (stale := self._stale(record, claims.slot, link_state, "actions not decided by then were")) is not None:
-            return stale
         approver = record.approvers[claims.slot]
+        stale = self._stale(record, claims.slot, link_state, "actions not decided by then were")
+        if stale is not None and not batch.repeats_its_votes(status, record, approver, claims.round, form):
+            return stale
         return await batch.decide_items(self.settings, runs, status, record, approver, claims.round, form, client)
 
     async def _checked(

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import concurrent.futures
+import math
+import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -279,7 +282,7 @@ def test_approve_versus_deadline_race_is_consistent(isolated_stack: StackFactory
         [mail] = wait_for_email(stack.outbox_dir, run)
         csrfs[run] = (mail.link, form_csrf(mail.link))
     deadline = stack.ingress.status(runs[0])["pending"][0]["deadline"]
-    wait_until(lambda: __import__("time").time() >= deadline - 0.15, 20, "the deadline to approach")
+    wait_until(lambda: time.time() >= deadline - 0.15, 20, "the deadline to approach")
     with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
         replies = dict(
             zip(runs, pool.map(lambda r: submit(csrfs[r][0], "approve", csrf=csrfs[r][1]), runs), strict=True)
@@ -339,6 +342,37 @@ def test_batch_one_email_and_one_page_per_approver_with_partial_decisions(
     assert [a["outcome"] for a in result["actions"]] == ["approved", "rejected", "approved", "autonomous"]
     assert result["actions"][1]["reason"] == "one refund is enough"
     assert refunds_for(demo_db, run_id) == [(f"{run_id}/0", first, 70000)]
+
+
+def test_a_batch_form_sent_again_after_the_deadline_is_told_its_decision_counted(
+    isolated_stack: StackFactory, tmp_path: Path, run_id: str
+) -> None:
+    """A batch POST whose answer was lost (the app died while it waited, say) is sent again, by the
+    browser or the person; when the retry comes after the deadline it is still told its decision
+    counted (each item's first answer, which Restate kept under the form's key), not that the link
+    expired. A form that decides anything new on that link is refused as before."""
+    stack = policy_stack(
+        isolated_stack,
+        tmp_path,
+        "[tools.issue_refund]\ndeadline_seconds = 6\nreminders_seconds = []\nescalate_to = []\n",
+    )
+    first, second = new_order(stack.db_path, 125000), new_order(stack.db_path, 125000)
+    stack.ingress.start_run(run_id, task(refund_step(first, "700.00", also=[refund_step(second, "800.00")])))
+    [mail] = wait_for_email(stack.outbox_dir, run_id, kind="batch")
+    origin = {"Origin": "{0.scheme}://{0.netloc}".format(urlsplit(mail.link))}
+    form = {"csrf": form_csrf(mail.link), "verdict.0": "approve", "reason.0": "checked the order"}
+    answered = httpx.post(mail.link, data=form, headers=origin, timeout=30)
+    assert answered.status_code == 200 and "you approved it" in answered.text
+
+    result = stack.ingress.wait_output(run_id, timeout=60).json()  # the second item's deadline passes
+    assert [a["outcome"] for a in result["actions"]] == ["approved", "expired"]
+    expires = math.ceil(stack.ingress.status(run_id)["approvals"][0]["deadline"])  # the link's own expiry
+    wait_until(lambda: time.time() > expires, 10, "the batch link to expire")
+    again = httpx.post(mail.link, data=form, headers=origin, timeout=30)
+    assert again.status_code == 200 and "you approved it" in again.text, again.text[-500:]
+    new = httpx.post(mail.link, data={"csrf": form["csrf"], "verdict.1": "approve"}, headers=origin, timeout=30)
+    assert new.status_code == 410 and "Link expired" in new.text
+    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", first, 70000)]
 
 
 def test_a_batch_link_from_a_replaced_round_answers_410_and_decides_nothing(
