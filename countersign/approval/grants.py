@@ -18,8 +18,10 @@ from pydantic import BaseModel, Field
 from restate import ObjectContext, ObjectSharedContext, TerminalError
 
 from countersign import retention
-from countersign.contract import GrantScope
+from countersign.contract import GrantScope, Strict
 from countersign.events import emit as events
+from countersign.inputs import Body
+from countersign.security.redact import clean_failures
 
 GRANTS_SERVICE = "Grants"
 GIVEN_SERVICE = "GrantsGiven"
@@ -27,7 +29,12 @@ _GRANT = "grant:"
 GRANTS_QUERY = "SELECT service_key, key, value_utf8 FROM state WHERE service_name = 'Grants' AND key LIKE 'grant:%'"
 """The admin SQL query of every grant's stored state (for `countersign grants list`)."""
 
-grants = restate.VirtualObject(GRANTS_SERVICE, description="Standing approvals of one tool for one requester or tenant")
+grants = restate.VirtualObject(
+    GRANTS_SERVICE,
+    description="Standing approvals of one tool for one requester or tenant",
+    # A refused input is a 400 with its message, not a 500 (countersign.security.redact).
+    invocation_context_managers=[clean_failures],
+)
 
 
 GrantState = Literal["live", "used up", "expired", "revoked"]
@@ -82,7 +89,7 @@ class GrantCheck(BaseModel):
     missed: str | None = None
 
 
-class RevokeGrant(BaseModel):
+class RevokeGrant(Strict):
     grant_id: str = Field(min_length=3, max_length=300)
     by: str = Field(min_length=1, max_length=300)
 
@@ -167,7 +174,7 @@ def _revoked_now(tenant: str) -> _Revoked:
     return _Revoked(at=time.time(), webhooks=events.wanted(tenant))
 
 
-@grants.handler(name="revoke", journal_retention=retention.NO_JOURNAL)
+@grants.handler(name="revoke", input_serde=Body(RevokeGrant), journal_retention=retention.NO_JOURNAL)
 async def revoke(ctx: ObjectContext, request: RevokeGrant) -> Grant:
     """Revoke a grant: it covers no call asked after it (revoking it again changes nothing)."""
     grant = await ctx.get(_GRANT + request.grant_id, type_hint=Grant)
@@ -193,7 +200,9 @@ async def listed(ctx: ObjectSharedContext) -> GrantList:
 
 
 grants_given = restate.VirtualObject(
-    GIVEN_SERVICE, description="The standing approvals one approver gave (where each is kept), for their inbox page"
+    GIVEN_SERVICE,
+    description="The standing approvals one approver gave (where each is kept), for their inbox page",
+    invocation_context_managers=[clean_failures],
 )
 
 
