@@ -12,6 +12,7 @@ key, which the app it registers requires, and the app seals journal values with 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import platform
@@ -103,18 +104,37 @@ def find_restate_cli() -> Path:
     return _find_binary("RESTATE_CLI_BIN", "restate", "restate")
 
 
+# Ports for the servers the tests start are handed out below the kernel's ephemeral range (where
+# outgoing connections take theirs), from a block of this process's own: pytest-xdist workers run
+# side by side, and a port that one of them saw free and released would be taken by another's
+# server before its own process bound it. The block is picked by the worker's number and the test
+# run's id, so two runs on one machine rarely share blocks either; a port is handed out only if it is
+# free when it is picked, and the cursor moves on, so a port just released is not handed out again at once.
+_PORT_FLOOR, _PORT_BLOCK, _PORT_BLOCKS = 10000, 600, 37  # ports 10000-32199: below the ephemeral range
+_port_cursor: list[int] = []
+
+
+def _port_block() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
+    index = (int(worker) if worker.isdigit() else 0) + int(hashlib.sha256(run.encode()).hexdigest()[:8], 16)
+    start = _PORT_FLOOR + (index % _PORT_BLOCKS) * _PORT_BLOCK
+    return range(start, start + _PORT_BLOCK)
+
+
 def _free_ports(count: int) -> list[int]:
-    # Hold every socket open until all are chosen, so the ports are distinct.
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(sock)
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    block = _port_block()
+    if not _port_cursor:
+        _port_cursor.append(block.start)
+    chosen: list[int] = []
+    for _ in range(len(block)):
+        port = _port_cursor[0]
+        _port_cursor[0] = port + 1 if port + 1 < block.stop else block.start
+        if port_is_free(port):
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise RuntimeError(f"no {count} free ports in {block.start}-{block.stop - 1}")
 
 
 def free_port() -> int:
