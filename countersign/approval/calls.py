@@ -45,16 +45,6 @@ from countersign.approval.standing import covering
 from countersign.approval.trail import trail_of
 from countersign.approval.waiting import Waiter
 from countersign.approval.workflow import ApprovalRequest
-
-__all__ = [
-    "AnswerModelError",
-    "ApprovalOutcome",
-    "PersonAnswer",
-    "ask_person",
-    "gated_call",
-    "request_approval",
-    "request_plan_approval",
-]
 from countersign.approval.workflow import run as approval_run
 from countersign.compact import Compact
 from countersign.contract import (
@@ -77,6 +67,16 @@ from countersign.tools import default_registry
 from countersign.tools.checkpoints import results_of
 from countersign.tools.context import read_context, read_facts
 from countersign.tools.registry import Tool
+
+__all__ = [
+    "AnswerModelError",
+    "ApprovalOutcome",
+    "PersonAnswer",
+    "ask_person",
+    "gated_call",
+    "request_approval",
+    "request_plan_approval",
+]
 
 
 class ApprovalOutcome(BaseModel):
