@@ -38,6 +38,12 @@ def idempotency_key(record: ApprovalRecord, slot: int, kind: MailKind) -> str:
     return intent_key(kind, record.approval_id, record.round, part)
 
 
+def page_url(record: ApprovalRecord, slot: int, settings: Settings) -> str:
+    """The signed link to the approval's page for the approver in `slot` (the email's, and Slack's for a question)."""
+    token = links.mint(record, slot, settings.approvals_signing_keys, settings.signing_kid)
+    return f"{settings.approvals_public_url}/approvals/{token}"
+
+
 def approval_request(
     record: ApprovalRecord,
     slot: int,
@@ -51,8 +57,7 @@ def approval_request(
     if not 0 <= slot < len(record.approvers):
         raise MailRejected(f"approval {record.approval_id} has no approver slot {slot}")
     at = record.round_started_at if sent_at is None else sent_at
-    token = links.mint(record, slot, settings.approvals_signing_keys, settings.signing_kid)
-    url = f"{settings.approvals_public_url}/approvals/{token}"
+    url = page_url(record, slot, settings)
     subject, text, html = render(
         _TEMPLATE[kind],
         record=record,
