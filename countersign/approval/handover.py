@@ -19,9 +19,30 @@ import restate
 from restate import WorkflowContext
 
 from countersign.approval.gate import GateResult
+from countersign.approval.run_state import RunBook
 from countersign.approval.verdict import cancel_promise
-from countersign.approval.workflow import cancel_approval
+from countersign.approval.workflow import ApprovalRequest, cancel_approval
+from countersign.approval.workflow import run as approval_run
 from countersign.contract import ApprovalRecord
+
+
+async def asked_alone(ctx: restate.Context, request: ApprovalRequest, book: RunBook | None = None) -> GateResult:
+    """One approval that is not a tool call of the run (a plan, a question) asked in its own workflow
+    and awaited. With `book` (an agent run), the run's status lists it while it waits, a cancel of
+    the run is passed on to it (`results_or_cancel`), and the run keeps its final record."""
+    record = request.record
+    if book is not None:
+        book.state.approvals[record.approval_id] = record
+        book.state.phase = "awaiting_approval"
+        book.save()
+    called = ctx.workflow_call(approval_run, key=record.approval_id, arg=request)
+    if book is None:
+        return await called
+    book.hand_over([record.approval_id])
+    [result] = await results_or_cancel(book.ctx, [record], [called])
+    book.state.approvals[record.approval_id] = result.record
+    book.save()
+    return result
 
 
 async def results_or_cancel(

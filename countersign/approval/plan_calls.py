@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from restate import RunOptions
 
 from countersign.approval.gate import freeze_asked
-from countersign.approval.handover import results_or_cancel
+from countersign.approval.handover import asked_alone
 from countersign.approval.plan import (
     PLAN_TOOL,
     ApprovedPlan,
@@ -34,7 +34,6 @@ from countersign.approval.plan import (
 from countersign.approval.rounds import Opening, open_round
 from countersign.approval.run_state import RunBook, RunFacts
 from countersign.approval.workflow import ApprovalRequest
-from countersign.approval.workflow import run as approval_run
 from countersign.contract import ActionRecord, ApprovalRecord, Outcome, Plan
 from countersign.events import emit as events
 from countersign.objects import bookkeeping
@@ -113,19 +112,8 @@ async def ask_plan_approval(
         )
     record = freeze_plan(facts, index, asked.plan, why, asked)
     assert asked.verdict is not None
-    if book is not None:
-        book.state.approvals[record.approval_id] = record
-        book.state.phase = "awaiting_approval"
-        book.save()
     request = ApprovalRequest(record=record, policy=asked.verdict, goal=facts.goal, model=facts.model, act="report")
-    called = ctx.workflow_call(approval_run, key=record.approval_id, arg=request)
-    if book is None:
-        result = await called
-    else:
-        book.hand_over([record.approval_id])
-        [result] = await results_or_cancel(book.ctx, [record], [called])
-        book.state.approvals[record.approval_id] = result.record
-        book.save()
+    result = await asked_alone(ctx, request, book)
     return approved_plan(result.record, result.action.outcome, result.action.args, on_deviation=on_deviation)
 
 
