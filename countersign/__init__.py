@@ -30,6 +30,7 @@ Restate SDK) load on first use. Everything not listed in `__all__` may change be
 from typing import TYPE_CHECKING, Any
 
 from countersign.exceptions import CountersignError, ServicesError, SettingsError, ToolsError
+from countersign.tools.asking import ask_a_person_tool
 from countersign.tools.conditions import Condition
 from countersign.tools.policy import (
     ApproverContext,
@@ -90,6 +91,7 @@ __all__ = [
     "ToolError",
     "ToolPolicy",
     "ToolsError",
+    "ask_a_person_tool",
     "ask_person",
     "create_app",
     "gated_call",

@@ -8,7 +8,8 @@ Guarantee: an unknown tool or invalid arguments become an `invalid` outcome the 
 never a crash; the policy's answers are computed inside the model turn's journaled step,
 so neither a policy-file change nor an approver callable can re-route a replay; a policy that
 cannot name approvers for a call fails that call (the model reads why) and never runs it; the gated
-calls of one turn are asked together; every call gets a stable index `base + position`.
+calls of one turn are asked together, and a question the model asks (`ask_a_person`) on its own, before
+them; every call gets a stable index `base + position`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from countersign.approval.autonomous import run_alone
 from countersign.approval.batch import GatedCall, approve_and_act
 from countersign.approval.plan import ApprovedPlan
 from countersign.approval.plan_calls import refused_deviation, run_in_plan
+from countersign.approval.question_calls import ask_with_tool
 from countersign.approval.rounds import Opening
 from countersign.approval.routing import NOT_RUN, Answer, Route
 from countersign.approval.run_state import RunBook
@@ -154,6 +156,11 @@ async def handle_turn(
         if routed.kind == "refused":
             assert plan is not None and routed.why is not None
             done[index] = refused_deviation(call.name, answer.args, index, plan, routed.why)
+        elif routed.kind == "question":  # asked on its own, before the turn's batch, and awaited
+            assert answer.opening is not None
+            done[index] = await ask_with_tool(
+                book.ctx, state, index, answer.args, answer.verdict, answer.opening, call.why, book
+            )
         elif routed.kind == "gated":
             assert answer.opening is not None
             gated.append(

@@ -36,6 +36,7 @@ from countersign.approval.question_calls import (
     PersonAnswer,
     Question,
     ask_question,
+    ask_with_tool,
     default_answer,
     question_policy,
 )
@@ -338,6 +339,8 @@ async def request_approval(
         return base.model_copy(update={"verdict": verdict, "reason": routed.why})
     if routed.kind == "autonomous":
         return base.model_copy(update={"verdict": Outcome.AUTONOMOUS, "args": asked.args})
+    if routed.kind == "question":
+        raise TerminalError(f"{name} asks a person a question: call it with gated_call (or use ask_person)", 400)
     if routed.kind == "granted":
         assert asked.grant is not None and asked.grant.grant is not None
         grant = asked.grant.grant
@@ -432,6 +435,9 @@ async def gated_call(
         assert plan is not None and routed.why is not None
         return refused_deviation(name, asked.args, at, plan, routed.why)
     facts = RunFacts(run_id=where, tenant=tenant, goal=goal, requester=requester, model="", asked_by=asked_by)
+    if routed.kind == "question":
+        assert asked.opening is not None
+        return await ask_with_tool(ctx, facts, at, asked.args, asked.verdict, asked.opening, why)
     result = await _approval(ctx, facts, name, at, asked, why, act="execute", trail=trail, deviation=routed.why)
     mark_deviation(result.action, plan, routed)
     return result.action

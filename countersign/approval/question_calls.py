@@ -14,20 +14,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import restate
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError, create_model
 from restate import RunOptions, TerminalError
 
 from countersign.approval.edits import EditRejected
 from countersign.approval.gate import freeze_asked
-from countersign.approval.question import QUESTION_TOOL, QuestionField, form_values, parse_answer
+from countersign.approval.handover import asked_alone
+from countersign.approval.question import (
+    MAX_TEXT,
+    QUESTION_TOOL,
+    QuestionField,
+    form_of,
+    form_values,
+    parse_answer,
+)
 from countersign.approval.rounds import Opening, open_round
-from countersign.approval.run_state import RunFacts
+from countersign.approval.run_state import RunBook, RunFacts
 from countersign.approval.workflow import ApprovalRequest
-from countersign.approval.workflow import run as approval_run
-from countersign.contract import ApprovalRecord, DecisionSource, Outcome, clipped
+from countersign.contract import ActionRecord, ApprovalRecord, DecisionSource, Outcome, clipped
+from countersign.tools.asking import ASK_A_PERSON, AskAPerson
 from countersign.tools.policy import PolicyVerdict, ToolPolicy, errors_text
 
 M = TypeVar("M", bound=BaseModel)
@@ -125,11 +133,26 @@ async def ask_question(
 ) -> PersonAnswer[M]:
     """The question's approval at `<run_id>-a<index>`, awaited, and its answer as `answer_model`."""
     opening = await ctx.run_typed(f"ask person #{index}", open_round, _OPEN_STEP)
+    return await _asked(ctx, facts, answer_model, index, question, opening)
+
+
+async def _asked(
+    ctx: restate.Context,
+    facts: RunFacts,
+    answer_model: type[M],
+    index: int,
+    question: Question,
+    opening: Opening,
+    book: RunBook | None = None,
+) -> PersonAnswer[M]:
+    """The question frozen with its first round `opening`, asked and awaited; with `book` (an agent
+    run), the run's status lists it while it waits, a cancel of the run cancels it, and the run keeps
+    its final record (as for a plan's approval)."""
     record = freeze_question(facts, index, question, opening)
     verdict = PolicyVerdict(gated=True, rule=record.policy, policy=question.policy)
     request = ApprovalRequest(record=record, policy=verdict, goal=facts.goal, model=facts.model, act="report")
     try:
-        result = await ctx.workflow_call(approval_run, key=record.approval_id, arg=request)
+        result = await asked_alone(ctx, request, book)
     except TerminalError as exc:
         if exc.status_code != 409:
             raise
@@ -159,6 +182,65 @@ async def ask_question(
         approval_id=record.approval_id,
         run_id=facts.run_id,
         index=index,
+    )
+
+
+def _tool_answer_model(asked: AskAPerson) -> type[BaseModel]:
+    """The form of a question the model asked: one field, a choice among `choices` or else text."""
+    if asked.choices:
+        kind: Any = Literal.__getitem__(tuple(asked.choices))
+    else:
+        kind = Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
+    model: type[BaseModel] = create_model("Answer", answer=(kind, Field(title="Your answer")))
+    return model
+
+
+# How a question the model asked ended, as the outcome of its `ask_a_person` call.
+_TOOL_OUTCOMES: dict[AnswerOutcome, Outcome] = {
+    "answered": Outcome.APPROVED,
+    "defaulted": Outcome.APPROVED,
+    "declined": Outcome.REJECTED,
+    "expired": Outcome.EXPIRED,
+    "cancelled": Outcome.CANCELLED,
+    "undeliverable": Outcome.UNDELIVERABLE,
+    "failed": Outcome.FAILED,
+}
+
+
+async def ask_with_tool(
+    ctx: restate.Context,
+    facts: RunFacts,
+    index: int,
+    args: dict[str, Any],
+    verdict: PolicyVerdict,
+    opening: Opening,
+    why: str,
+    book: RunBook | None = None,
+) -> ActionRecord:
+    """A gated `ask_a_person` call (`countersign.tools.asking`), asked as a question with its first
+    round `opening` (from the gate's answer) and the waiting rules of the tool's policy; its record
+    carries the person's answer as the call's result. Only the first to answer decides, and the
+    deadline has no default answer: a question nobody answered expires."""
+    asked = AskAPerson.model_validate(args)
+    answer_model = _tool_answer_model(asked)
+    rules = {"quorum": 1, "timeout_outcome": "deny", "low_risk": False, "high_stakes": False, "grants": None}
+    policy = verdict.policy.model_copy(update={**rules, "high_stakes_when": None})
+    question = Question(asked.question, form_of(answer_model), None, policy, why)
+    answered = await _asked(ctx, facts, answer_model, index, question, opening, book)
+    result = None
+    if answered.answer is not None:
+        result = {"answer": answered.answer.model_dump(mode="json")["answer"], "answered_by": answered.answered_by}
+    return ActionRecord(
+        index=index,
+        tool=ASK_A_PERSON,
+        proposed_args=args,
+        args=args if answered.answer is not None else None,  # None: not answered, as for a call not run
+        outcome=_TOOL_OUTCOMES[answered.outcome],
+        decision_source=answered.decision_source,
+        approval_id=answered.approval_id,
+        approved_by=[answered.answered_by] if answered.answered_by and answered.answer is not None else [],
+        reason=answered.reason,
+        result=result,
     )
 
 

@@ -13,6 +13,9 @@ invalid arguments (`invalid`), a policy that could not be resolved (`failed`), i
 plan (`inside`: counted against it), a call the policy lets run alone (`autonomous`), a gated call
 covered by a standing approval (`granted`; never under a plan, whose own rules decide), a gated call
 outside the plan that the plan refuses (`refused`), else `gated` (with how it deviates, if it does).
+A call of a tool that asks a person a question (`ask_a_person`, countersign.tools.asking) is not an
+action: no plan bounds it and no standing approval answers it; gated, it is asked (`question`),
+else it runs alone and asks nobody (`autonomous`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from countersign.approval.rounds import Opening, open_round
 from countersign.contract import MAX_TOOL_ARGS_BYTES, ActionRecord, Outcome
 from countersign.events import emit as events
 from countersign.tools import default_registry
+from countersign.tools.asking import is_question_tool
 from countersign.tools.context import ActionContext
 from countersign.tools.policy import PolicyError, PolicyVerdict, evaluate
 from countersign.tools.registry import Tool, validation_message
@@ -64,7 +68,7 @@ class Route:
     """What happens to a call. `why`: the reason for `invalid` and `failed`, how the call deviates
     from the plan for `refused` and `gated` (None for a gated call that does not deviate)."""
 
-    kind: Literal["invalid", "failed", "inside", "autonomous", "granted", "refused", "gated"]
+    kind: Literal["invalid", "failed", "inside", "autonomous", "granted", "refused", "gated", "question"]
     why: str | None = None
 
 
@@ -127,6 +131,8 @@ def route(answer: Answer, tool: str, plan: ApprovedPlan | None = None) -> Route:
     Pure but for one thing: a call `inside` the plan is counted against it (`route_call`)."""
     if answer.error is not None:
         return Route("failed" if answer.failed else "invalid", answer.error)
+    if asks_a_person(tool):
+        return Route("autonomous" if answer.opening is None else "question")
     placed = route_call(plan, answer.verdict, tool, answer.args)
     if placed.kind == "inside":
         return Route("inside")
@@ -140,6 +146,12 @@ def route(answer: Answer, tool: str, plan: ApprovedPlan | None = None) -> Route:
     if plan is not None and deviation is not None and plan.deviation_rule(answer.verdict.policy) == "refuse":
         return Route("refused", deviation)
     return Route("gated", deviation)
+
+
+def asks_a_person(tool_name: str) -> bool:
+    """Whether the loaded tool of this name asks a person a question (`ask_a_person`)."""
+    tool = default_registry().get(tool_name)
+    return tool is not None and is_question_tool(tool)
 
 
 def unrun(tool: str, index: int, answer: Answer, raw: object) -> ActionRecord:

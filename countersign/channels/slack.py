@@ -33,6 +33,8 @@ from countersign.tools.policy import grant_choices
 
 APPROVE_ACTION = "countersign_approve"
 REJECT_ACTION = "countersign_reject"
+ANSWER_ACTION = "countersign_answer"
+"""A question's "Answer…" button: a link to its page (Slack still reports the click, which is ignored)."""
 MODAL_CALLBACK = "countersign_decide"
 REASON_BLOCK, REASON_INPUT = "reason", "reason_input"
 CONFIRM_BLOCK, CONFIRM_INPUT = "confirm", "confirm_input"
@@ -144,9 +146,16 @@ def _when(at: float) -> str:
 
 
 def request_blocks(
-    record: ApprovalRecord, slot: int, goal: str, kind: str, confirm: tuple[str | None, str | None]
+    record: ApprovalRecord,
+    slot: int,
+    goal: str,
+    kind: str,
+    confirm: tuple[str | None, str | None],
+    answer_url: str | None = None,
 ) -> tuple[str, list[dict[str, Any]]]:
-    """The message text (for notifications) and its blocks."""
+    """The message text (for notifications) and its blocks; a question's (`answer_url`: its page, for this slot)."""
+    if record.kind == "question":
+        return _question_blocks(record, slot, goal, kind, answer_url or "")
     title = {"reminder": "Reminder: approval needed", "escalation": "Escalated to you: approval needed"}.get(
         kind, "Approval needed"
     )
@@ -215,6 +224,63 @@ def request_blocks(
         }
     )
     return text, blocks
+
+
+def _question_blocks(
+    record: ApprovalRecord, slot: int, goal: str, kind: str, answer_url: str
+) -> tuple[str, list[dict[str, Any]]]:
+    """A question: its text, what the form asks, and two buttons: "Answer…" opens the question's
+    page (the form is answered and checked there, as from the email) and "Decline…" the reason modal."""
+    title = {"reminder": "Reminder: a question for you", "escalation": "Escalated to you: a question"}.get(
+        kind, "A question for you"
+    )
+    question = str(record.args.get("question", ""))
+    text = visible(f"{title}: {question}")[:MAX_TEXT]
+    asks = [_field_words(f) for f in record.args.get("fields", []) if isinstance(f, dict)]
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": _plain(title, 150)},
+        {"type": "section", "text": _plain(question)},
+        {"type": "section", "text": _plain("To answer: " + "; ".join(asks))},
+    ]
+    if goal:
+        blocks.append({"type": "section", "text": _plain(f"The {record.asker}'s goal: {goal}")})
+    asked = f"Deadline {_when(record.deadline)} · asked of {record.approvers[slot]} · policy: {record.policy}"
+    blocks.append({"type": "context", "elements": [_plain(asked)]})
+    value = ButtonValue(a=record.approval_id, r=record.round, s=slot).model_dump_json(exclude_none=True)
+    blocks.append(
+        {
+            "type": "actions",
+            "block_id": "decide",
+            "elements": [
+                {
+                    "type": "button",
+                    "action_id": ANSWER_ACTION,
+                    "style": "primary",
+                    "text": _plain("Answer…"),
+                    "url": answer_url,
+                },
+                {"type": "button", "action_id": REJECT_ACTION, "text": _plain("Decline…"), "value": value},
+            ],
+        }
+    )
+    return text, blocks
+
+
+def _field_words(field: dict[str, Any]) -> str:
+    """One field of a question's frozen form, in words: its label and what it takes."""
+    label = str(field.get("label") or field.get("name") or "answer")
+    choices = [str(c) for c in field.get("choices") or []]
+    match field.get("kind"):
+        case "choice":
+            return f"{label} (one of: {', '.join(choices)})"
+        case "list":
+            return f"{label} (a list" + (f" from: {', '.join(choices)})" if choices else ")")
+        case "boolean":
+            return f"{label} (yes or no)"
+        case "integer" | "number":
+            return f"{label} (a number)"
+        case _:
+            return f"{label} (text)"
 
 
 def with_note(message: Posted, line: str, *, keep_buttons: bool) -> list[dict[str, Any]]:

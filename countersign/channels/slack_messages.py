@@ -20,10 +20,12 @@ from countersign import retention
 from countersign.channels import slack
 from countersign.channels.base import ChannelRequest
 from countersign.errors import is_cancellation
+from countersign.mail.approval_email import page_url
 from countersign.objects import bookkeeping
 from countersign.objects.audit import AuditEntry
 from countersign.objects.delivery import APPROVAL_HANDLER, APPROVAL_SERVICE, DeliveryFailure
 from countersign.observability import metrics, tracing
+from countersign.settings import get_settings
 
 log = logging.getLogger("countersign.slack")
 SERVICE = "SlackMessages"
@@ -74,7 +76,8 @@ async def post_message(post: SlackPost) -> slack.Posted:
         user = str(found.get("user", {}).get("id", ""))
         opened = await slack.call("conversations.open", users=user)
         channel = str(opened.get("channel", {}).get("id", ""))
-    text, blocks = slack.request_blocks(record, r.slot, r.goal, r.kind, (r.confirm_label, r.confirm_value))
+    answer_url = page_url(record, r.slot, get_settings()) if record.kind == "question" else None
+    text, blocks = slack.request_blocks(record, r.slot, r.goal, r.kind, (r.confirm_label, r.confirm_value), answer_url)
     history = await slack.call("conversations.history", channel=channel, limit=HISTORY_LIMIT, include_all_metadata=True)
     for message in history.get("messages", []):
         payload = (message.get("metadata") or {}).get("event_payload") or {}

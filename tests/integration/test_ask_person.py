@@ -23,6 +23,7 @@ VALID = {"account": "DE89-3704", "amount": "120.50", "draft": "formal", "notify"
 def stack(isolated_stack: StackFactory) -> Iterator[IsolatedStack]:
     app_env = {
         "COUNTERSIGN_SERVICES": "tests.support.questions:served",
+        "COUNTERSIGN_TOOLS": "tests.support.questions:TOOLS",
         "APPROVALS_API_ALLOWED_ORIGINS": ADMIN,
         "APPROVALS_REASSIGN_ALLOWED": "lead@example.com",
     }
@@ -214,3 +215,39 @@ def test_kill9_of_the_handler_while_a_question_waits_then_answer(stack: Isolated
     result = stack.ingress.wait_invocation(invocation, timeout=60).json()
     assert result["outcome"] == "answered" and result["answer"]["account"] == "DE89-3704"
     assert len(approval_emails(stack.outbox_dir, "q-6")) == 1, "the question was asked once"
+
+
+def asking(text: str, **args: object) -> dict[str, object]:
+    """An agent's task whose scripted model asks a person one question with `ask_a_person`."""
+    call = {"tool": "ask_a_person", "args": {"question": text, **args}, "why": "the order names two accounts"}
+    return {"goal": "Refund order 1042", "requester": "alice@example.com", "script": [call]}
+
+
+def test_an_agents_model_asks_with_ask_a_person_and_its_run_waits_lists_and_cancels_the_question(
+    stack: IsolatedStack,
+) -> None:
+    """The model's `ask_a_person` call is a question to the tool's approver: the run lists it while it
+    waits, the answer typed on its page is the call's result, and a cancel of a run ends its question."""
+    stack.ingress.start_run("agent-q1", asking("Which IBAN did the customer give on the phone?"))
+    [mail] = wait_for_email(stack.outbox_dir, "agent-q1")
+    assert "Which IBAN did the customer give on the phone?" in mail.text and "has a question for you" in mail.text
+    [waiting] = stack.ingress.status("agent-q1")["pending"]
+    assert waiting["approval_id"] == "agent-q1-a0"
+    refused = answer(mail.link, {"answer": ""})
+    assert refused.status_code == 400 and "Nothing was decided" in refused.text
+    assert answer(mail.link, {"answer": "DE89 3704 0044"}).status_code == 200
+    result = stack.ingress.wait_output("agent-q1", timeout=60).json()
+    [asked] = result["actions"]
+    assert (asked["tool"], asked["outcome"]) == ("ask_a_person", "approved"), asked
+    assert asked["result"] == {"answer": "DE89 3704 0044", "answered_by": ANSWERER}
+    assert result["status"] == "completed"
+
+    stack.ingress.start_run("agent-q2", asking("Refund to card or to store credit?", choices=["card", "credit"]))
+    [mail] = wait_for_email(stack.outbox_dir, "agent-q2")
+    assert 'value="card"' in open_page(mail.link).text, "the choices are the form's"
+    cancelled = stack.ingress.call("AgentRun", "agent-q2", "cancel", {"reason": "customer called back"}).json()
+    assert cancelled["accepted"] and cancelled["cancelled_approvals"] == ["agent-q2-a0"], cancelled
+    result = stack.ingress.wait_output("agent-q2", timeout=60).json()
+    assert result["status"] == "cancelled" and result["actions"][0]["outcome"] == "cancelled", result
+    late = open_page(mail.link)
+    assert "cancelled" in late.text.lower() and not CSRF.search(late.text), "a cancelled question takes no answer"

@@ -56,7 +56,8 @@ ADK_FAILS_THE_RUN = (
 class Case:
     """One call and how it should end. `args` builds the arguments from the case's two fresh orders
     (the first is the one a plan names); `plan` asks a plan first ("ask" or "refuse": its deviation rule);
-    `decide` is what the approver does with each request email after the plan's. `pydantic_ai`,
+    `decide` is what the approver does with each request email after the plan's ("approve", "reject", or
+    "answer=<value>" for a question's form); `answer` is the answer a question's call ends with. `pydantic_ai`,
     `openai_agents`, `langchain` and `adk`: why that adapter cannot express the case (None: it runs it too)."""
 
     name: str
@@ -69,6 +70,7 @@ class Case:
     deviation: bool = False
     settles: tuple[tuple[int, str], ...] = ()
     """(index, kind): an audit entry that ends the case's trails (waited for before they are compared)."""
+    answer: str | None = None
     pydantic_ai: str | None = None
     openai_agents: str | None = None
     langchain: str | None = None
@@ -86,6 +88,7 @@ def refund(order: int, amount: str) -> dict[str, Any]:
 
 
 PLAN_DECIDED = (0, "outcome")
+QUESTION = {"question": "Which account should the refund go to?", "choices": ["DE89-3704", "FR76-3000"]}
 CASES = [
     Case(
         "unknown tool",
@@ -163,6 +166,25 @@ CASES = [
         deviation=True,
         settles=(PLAN_DECIDED, (1, "outcome")),
     ),
+    Case(
+        "a question, answered",
+        "ask_a_person",
+        lambda a, b: QUESTION,
+        "approved",
+        0,
+        decide=("answer=FR76-3000",),
+        settles=((0, "outcome"),),
+        answer="FR76-3000",
+    ),
+    Case(
+        "a question, declined",
+        "ask_a_person",
+        lambda a, b: QUESTION,
+        "rejected",
+        0,
+        decide=("reject",),
+        settles=((0, "outcome"),),
+    ),
 ]
 
 
@@ -217,7 +239,11 @@ def decide(stack: Stack, run_id: str, case: Case) -> None:
     for verdict in case.decide:
         asked += 1
         mail = wait_for_email(stack.outbox, run_id, count=asked)[-1]
-        assert submit(mail.link, verdict, "not this one" if verdict == "reject" else "").status_code == 200
+        if verdict.startswith("answer="):
+            decided = submit(mail.link, "approve", edits={"answer": verdict.removeprefix("answer=")})
+        else:
+            decided = submit(mail.link, verdict, "not this one" if verdict == "reject" else "")
+        assert decided.status_code == 200, decided.text
 
 
 def through_the_agent(stack: Stack, run_id: str, case: Case, args: dict[str, Any], planned: int) -> dict[str, Any]:
@@ -294,8 +320,9 @@ def through_pydantic_ai(stack: Stack, run_id: str, case: Case, args: dict[str, A
     [reported] = output["actions"]  # the Countersign capability's answer, as the handler reads it
     outcome, rest = heard(text, PYDANTIC_AI_DENIALS)
     if outcome is None:  # it ran: the model holds the tool's result (ToolApproved, whoever approved)
-        assert json.loads(text)["order_id"] == args["order_id"], text
-        outcome = reported["outcome"]
+        assert json.loads(text) == reported["result"], (reported, text)
+        ran: dict[str, Any] = reported
+        return ran
     assert reported["outcome"] == outcome, (reported, text)
     return {**reported, "outcome": outcome, "result": {"error": rest}}
 
@@ -324,7 +351,7 @@ def through_langchain(stack: Stack, run_id: str, case: Case, args: dict[str, Any
     [record] = output["actions"]  # the gate's record, carried by the tool message the model read
     outcome, _ = heard(text, TEXT_DENIALS)
     if outcome is None:  # it ran: the model holds the tool's result
-        assert json.loads(text)["order_id"] == args["order_id"], text
+        assert json.loads(text) == record["result"], (record, text)
         outcome = record["outcome"]
     assert record["outcome"] == outcome, (record, text)
     return record
@@ -337,7 +364,7 @@ def through_adk(stack: Stack, run_id: str, case: Case, args: dict[str, Any], pla
     response = json.loads(text)  # ADK hands the model the tool's response dict as JSON
     outcome, _ = heard(response["error"], TEXT_DENIALS) if "error" in response else (None, "")
     if outcome is None:  # it ran: the model holds the tool's result
-        assert response["order_id"] == args["order_id"], text
+        assert response == record["result"], (record, text)
         outcome = record["outcome"]
     assert record["outcome"] == outcome, (record, text)
     return record
@@ -370,6 +397,8 @@ def test_a_call_ends_the_same_on_every_path_to_the_gate(stack: Stack, case: Case
         assert (record.get("deviation") is not None) == case.deviation, (way, record)
         assert (record.get("plan_approval_id") == f"{run_id}-a0") == (case.plan is not None), (way, record)
         assert len(refunds_for(stack.db, run_id)) == case.refunds, way
+        if case.answer is not None:
+            assert record["result"]["answer"] == case.answer, (way, record)
         ends[way] = (run_id, record)
 
     _, agent = ends["agent"]

@@ -414,3 +414,38 @@ def test_a_standing_approval_given_in_the_slack_modal_covers_the_next_similar_ca
     assert action["outcome"] == "granted" and action["grant_id"] == "g-slack-g1-a0"
     assert action["approved_by"] == [FINANCE]
     assert refunds_for(stack.db_path, "slack-g2") == [("slack-g2/0", order, 65000)]
+
+
+def test_a_question_in_slack_links_to_its_page_and_is_declined_there(
+    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+) -> None:
+    """An agent's `ask_a_person` question reaches Slack as the question, what the form asks, a link to
+    its page (answered and checked there, as from the email) and a Decline button; declining in
+    Slack ends the question with the reason, and the model's call is rejected."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[tools.ask_a_person]\napprovers = ["finance@example.com"]\nchannels = ["email", "slack"]\n')
+    env = {
+        **slack_env(fake),
+        "APPROVALS_POLICY_FILE": str(policy),
+        "COUNTERSIGN_TOOLS": "tests.support.questions:TOOLS",
+    }
+    stack = isolated_stack(app_env=env)
+    call = {"tool": "ask_a_person", "args": {"question": "Card or store credit?", "choices": ["card", "credit"]}}
+    stack.ingress.start_run(run_id, {"goal": "Refund order 7", "requester": "alice@example.com", "script": [call]})
+    [mail] = wait_for_email(stack.outbox_dir, run_id)
+    [message] = fake.wait_message()
+    shown = texts(message.blocks)
+    assert "A question for you" in shown and "Card or store credit?" in shown
+    assert "Your answer (one of: card, credit)" in shown
+    answer_button, decline = message.buttons
+    assert (answer_button["action_id"], decline["action_id"]) == ("countersign_answer", "countersign_reject")
+    assert answer_button["url"] == mail.link.split("?", 1)[0], "the question's own signed page"
+    assert 'value="card"' in open_page(answer_button["url"]).text
+
+    view = open_modal(stack, fake, message, FINANCE_ID, "countersign_reject")
+    assert interact(stack, submission(view, FINANCE_ID, reason="ask the customer", view_id="V-q")).status_code == 200
+    result = stack.ingress.wait_output(run_id, timeout=60).json()
+    [asked] = result["actions"]
+    assert (asked["outcome"], asked["reason"], asked["result"]) == ("rejected", "ask the customer", None), asked
+    updated = wait_until(lambda: message.updates or None, 30, "the Slack message to be updated")
+    assert f"Rejected by {FINANCE} (decided in Slack)" in texts(updated[-1]["blocks"])

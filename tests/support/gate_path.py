@@ -35,7 +35,7 @@ from restate.ext.adk import RestatePlugin, RestateSessionService
 from restate.ext.langchain import RestateMiddleware
 from restate.ext.pydantic import RestateAgent
 
-from countersign import ApprovedPlan, Tool, ToolPolicy, gated_call, request_plan_approval
+from countersign import ApprovedPlan, Tool, ToolPolicy, ask_a_person_tool, gated_call, request_plan_approval
 from countersign.integrations import adk
 from countersign.integrations.langchain import (
     CountersignContext,
@@ -51,7 +51,7 @@ from handlers.demo.tools import DEMO_TOOLS, IssueRefundArgs, issue_refund
 REQUESTER = "alice@example.com"
 WHY = "the parcel arrived broken"
 GOAL = "Refund the damaged order"
-OFFERED = ["issue_refund", "refund_unowned"]
+OFFERED = ["issue_refund", "refund_unowned", "ask_a_person"]
 """The tools the agents offer their models."""
 
 
@@ -179,9 +179,11 @@ async def adk_run(ctx: restate.ObjectContext, task: AgentTask) -> dict[str, Any]
 
 served = [path, pydantic_path, openai_path, langchain_path, adk_path]
 
-# A refund whose approvers come from a callable that names nobody: its policy cannot be resolved.
+# A refund whose approvers come from a callable that names nobody: its policy cannot be resolved;
+# and the tool a model asks a person a question with.
 TOOLS = [
     *DEMO_TOOLS,
+    ask_a_person_tool(ToolPolicy(gated=True, approvers=("ops@example.com",))),
     Tool(
         name="refund_unowned",
         description="A refund nobody may approve.",

@@ -1,6 +1,7 @@
 """A user's own code for tests/integration/test_ask_person.py, served beside Countersign with
 COUNTERSIGN_SERVICES=tests.support.questions:served: a Service that asks a person a question with a
-typed answer (`ask_person`) and returns what it got back, as JSON."""
+typed answer (`ask_person`) and returns what it got back, as JSON; and, for COUNTERSIGN_TOOLS, the
+demo tools with `ask_a_person`, whose questions go to ANSWERER (for an agent's model to ask)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any, Literal
 import restate
 from pydantic import BaseModel, Field
 
-from countersign import ask_person
+from countersign import ToolPolicy, ask_a_person_tool, ask_person
+from handlers.demo.tools import DEMO_TOOLS
 
 REQUESTER = "alice@example.com"
 ANSWERER = "ops@example.com"
@@ -65,3 +67,5 @@ async def ask(ctx: restate.Context, ask: Ask) -> dict[str, Any]:
 
 
 served = [asker]
+
+TOOLS = [*DEMO_TOOLS, ask_a_person_tool(ToolPolicy(gated=True, approvers=(ANSWERER,), deadline_seconds=3600))]
