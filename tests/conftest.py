@@ -221,6 +221,33 @@ def run_id() -> str:
     return f"t-{uuid4().hex[:12]}"
 
 
+def _start_stack(
+    root: Path,
+    cleanup: ExitStack,
+    *,
+    restate_env: dict[str, str] | None = None,
+    app_env: dict[str, str] | None = None,
+    http1: bool = False,
+) -> IsolatedStack:
+    """A restate-server and an app registered with it, under `root`; `cleanup` stops them."""
+    restate = RestateServer.start(root / "restate", extra_env=restate_env)
+    cleanup.callback(restate.stop)
+    outbox = root / "outbox"
+    outbox.mkdir(parents=True)
+    db_path = root / "business.db"
+    env = {
+        **make_app_env(
+            ingress_url=restate.ingress_url, outbox_dir=outbox, db_path=db_path, admin_url=restate.admin_url
+        ),
+        **(app_env or {}),
+    }
+    app = start_registered_app(restate, env=env, log_path=root / "app.log", http1=http1)
+    cleanup.callback(app.stop)
+    client = Ingress(restate.ingress_url, restate.journal_keys or None)
+    cleanup.callback(client.close)
+    return IsolatedStack(restate=restate, app=app, ingress=client, env=app.env, outbox_dir=outbox, db_path=db_path)
+
+
 @pytest.fixture()
 def private_stacks(tmp_path: Path) -> Iterator[StackFactory]:
     """A factory for private restate-server + app stacks; all of them are stopped at teardown.
@@ -239,27 +266,32 @@ def private_stacks(tmp_path: Path) -> Iterator[StackFactory]:
         ) -> IsolatedStack:
             nonlocal count
             count += 1
-            root = tmp_path / f"stack{count}"
-            restate = RestateServer.start(root / "restate", extra_env=restate_env)
-            cleanup.callback(restate.stop)
-            outbox = root / "outbox"
-            outbox.mkdir(parents=True)
-            db_path = root / "business.db"
-            env = {
-                **make_app_env(
-                    ingress_url=restate.ingress_url, outbox_dir=outbox, db_path=db_path, admin_url=restate.admin_url
-                ),
-                **(app_env or {}),
-            }
-            app = start_registered_app(restate, env=env, log_path=root / "app.log", http1=http1)
-            cleanup.callback(app.stop)
-            client = Ingress(restate.ingress_url, restate.journal_keys or None)
-            cleanup.callback(client.close)
-            return IsolatedStack(
-                restate=restate, app=app, ingress=client, env=app.env, outbox_dir=outbox, db_path=db_path
+            return _start_stack(
+                tmp_path / f"stack{count}", cleanup, restate_env=restate_env, app_env=app_env, http1=http1
             )
 
         yield start
+
+
+@pytest.fixture(scope="module")
+def module_stack(
+    request: pytest.FixtureRequest, deployment_protocol: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[IsolatedStack]:
+    """One private restate-server and app shared by the tests of a module (in the session's protocol),
+    for tests that neither kill, restart nor reconfigure them: the app's settings are the module's
+    `MODULE_STACK_APP_ENV` (a dict, default none), and every test places its runs under ids of its own.
+    A test that kills or reconfigures a process takes `isolated_stack` instead. (Starting a stack costs
+    about 2.5 CPU-seconds: per module, not per test.)"""
+    app_env = dict(getattr(request.module, "MODULE_STACK_APP_ENV", {}))
+    root = tmp_path_factory.mktemp(f"{request.module.__name__.rsplit('.', 1)[-1]}-{deployment_protocol}")
+    with ExitStack() as cleanup:
+        yield _start_stack(
+            root,
+            cleanup,
+            restate_env=restate_env_of(deployment_protocol),
+            app_env=app_env,
+            http1=DEPLOYMENT_PROTOCOLS[deployment_protocol],
+        )
 
 
 @pytest.fixture()

@@ -6,7 +6,6 @@ sent, and a kill -9 of the handler while the question waits; against the real re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from urllib.parse import urlencode, urlsplit
 
 import httpx
@@ -19,15 +18,25 @@ ADMIN = "https://admin.example.com"
 VALID = {"account": "DE89-3704", "amount": "120.50", "draft": "formal", "notify": "on", "tags": "vip\nrepeat"}
 
 
+MODULE_STACK_APP_ENV = {
+    "COUNTERSIGN_SERVICES": "tests.support.questions:served",
+    "COUNTERSIGN_TOOLS": "tests.support.questions:TOOLS",
+    "APPROVALS_API_ALLOWED_ORIGINS": ADMIN,
+    "APPROVALS_REASSIGN_ALLOWED": "lead@example.com",
+}
+"""The app's settings (conftest's `module_stack`): the user's Service and tools, the API's allowed origin."""
+
+
 @pytest.fixture()
-def stack(isolated_stack: StackFactory) -> Iterator[IsolatedStack]:
-    app_env = {
-        "COUNTERSIGN_SERVICES": "tests.support.questions:served",
-        "COUNTERSIGN_TOOLS": "tests.support.questions:TOOLS",
-        "APPROVALS_API_ALLOWED_ORIGINS": ADMIN,
-        "APPROVALS_REASSIGN_ALLOWED": "lead@example.com",
-    }
-    yield isolated_stack(app_env=app_env)
+def stack(module_stack: IsolatedStack) -> IsolatedStack:
+    """The module's stack: each test asks under run ids of its own."""
+    return module_stack
+
+
+@pytest.fixture()
+def own_stack(isolated_stack: StackFactory) -> IsolatedStack:
+    """A stack of the test's own, for a test that kills its app."""
+    return isolated_stack(app_env=MODULE_STACK_APP_ENV)
 
 
 def api(stack: IsolatedStack, link: str, suffix: str = "") -> str:
@@ -205,7 +214,8 @@ def test_a_model_outside_the_forms_subset_is_refused_before_anything_is_sent(sta
     assert approval_emails(stack.outbox_dir, "q-5") == []
 
 
-def test_kill9_of_the_handler_while_a_question_waits_then_answer(stack: IsolatedStack) -> None:
+def test_kill9_of_the_handler_while_a_question_waits_then_answer(own_stack: IsolatedStack) -> None:
+    stack = own_stack
     invocation = stack.ingress.send("Asker", None, "ask", {"run_id": "q-6"})
     [mail] = wait_for_email(stack.outbox_dir, "q-6")
     stack.app.kill9()
