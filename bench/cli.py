@@ -36,7 +36,7 @@ from bench.plan import Plan, full_plan, quick_plan
 from bench.report import table, write
 from bench.stack import Stack
 from bench.steps import step_overhead
-from bench.subjects import Countersign, Floor, Library
+from bench.subjects import Countersign, Floor, Library, ProductFloor
 
 Scenario = Callable[[Driver], Awaitable[dict[str, Any]]]
 # Order matters: `steps` measures how many journal entries a model turn is, which `resume` and `crash`
@@ -139,7 +139,8 @@ async def _run(stack: Stack, plan: Plan, scenarios: tuple[str, ...]) -> dict[str
         httpx.AsyncClient(timeout=plan.timeout, trust_env=False, limits=limits) as pages,
     ):
         agent = Countersign(stack.countersign, stack.outbox, stack.db_path, pages)
-        d = Driver(stack, plan, ingress, agent, Floor(stack.floor, stack.markers, ingress), Library(agent))
+        product = ProductFloor(stack.product, stack.product_outbox, stack.product_db, pages)
+        d = Driver(stack, plan, ingress, agent, Floor(stack.floor, stack.markers, ingress), Library(agent), product)
         stop = asyncio.Event()
         watchers = [asyncio.create_task(w.run(stop)) for w in d.watchers]
         try:
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         with ExitStack() as cleanup:
-            progress(f"starting restate-server and both handler processes ({plan.mode} run) in {work}")
+            progress(f"starting restate-server and the three handler processes ({plan.mode} run) in {work}")
             stack = Stack.start(work, cleanup)
             metrics = asyncio.run(_run(stack, plan, scenarios))
     except Exception as exc:

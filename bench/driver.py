@@ -21,7 +21,7 @@ import httpx
 from bench.plan import Plan
 from bench.probes import CpuAccount
 from bench.stack import Stack
-from bench.subjects import BenchError, Countersign, Floor, Library, Subject
+from bench.subjects import BenchError, Countersign, Floor, Library, ProductFloor, Subject
 from bench.watch import MarkerWatcher
 
 T = TypeVar("T")
@@ -36,13 +36,14 @@ class Driver:
     countersign: Countersign
     floor: Floor
     library: Library
+    product: ProductFloor
     prefix: str = field(default_factory=lambda: "b" + secrets.token_hex(3))
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     @property
     def subjects(self) -> tuple[Subject, ...]:
-        """Every system: the floor, the agent, the library path."""
-        return (self.floor, self.countersign, self.library)
+        """Every system: the bare floor, the product floor, the agent, the library path."""
+        return (self.floor, self.product, self.countersign, self.library)
 
     @property
     def pair(self) -> tuple[Subject, Subject]:

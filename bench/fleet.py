@@ -1,9 +1,10 @@
-"""Fleet figures: many runs of one approver and one tool, decided in a burst, against the floor.
+"""Fleet figures: many runs of one approver and one tool, decided in a burst, against the floors.
 
 Guarantee: every Countersign run is the README demo run (one approver, finance@example.com, one gated
 tool, issue_refund), so every bookkeeping call of the burst targets what one approver and one tool
-share; the floor's runs do one step, notify and wait, on the same restate-server, one system after
-the other. Each figure counts only runs that ended as the scenario meant (`Subject.check_done`).
+share; the library path's and the product floor's runs do the same look-up and gated refund; the bare
+floor's runs do one step, notify and wait; all on the same restate-server, one system after the
+other. Each figure counts only runs that ended as the scenario meant (`Subject.check_done`).
 Figures: decisions drained per second at the plan's concurrency, CPU per decision (restate-server +
 handlers), how long the bookkeeping backlog (every invocation neither completed nor suspended) takes
 to clear after the last decision, and the bytes kept per completed run once the data dir stops
@@ -29,13 +30,12 @@ from typing import Any
 import httpx
 
 from bench.driver import Driver, bounded_gather, progress
-from bench.floor import SERVICE as FLOOR_SERVICE
 from bench.paused import SERVER_LOG, SETTLE_INTERVAL_S, SETTLE_LIMIT_S
 from bench.plan import quick_plan
 from bench.probes import disk_usage
 from bench.stack import Stack
 from bench.stats import ratio
-from bench.subjects import Countersign, Floor, Library, Subject, now
+from bench.subjects import Countersign, Floor, Library, ProductFloor, Subject, now, owns
 
 RUNS = {"full": 2000, "quick": 20}
 """Runs per system in the burst, by plan mode (the issue's figure is a burst of 2,000 decisions)."""
@@ -70,13 +70,9 @@ def _restate_bytes(d: Driver) -> dict[str, dict[str, int]]:
     return by_service
 
 
-def _mine(subject: Subject, service: str) -> bool:
-    return (service == FLOOR_SERVICE) == (subject.service == FLOOR_SERVICE)
-
-
 def _task(d: Driver, subject: Subject, run_id: str) -> dict[str, Any]:
-    if subject is d.countersign:
-        return d.countersign.demo_task(run_id)
+    if isinstance(subject, Countersign | ProductFloor):
+        return subject.demo_task(run_id)
     return subject.waiting_task(run_id, 2)
 
 
@@ -86,8 +82,8 @@ async def _one(d: Driver, subject: Subject, runs: int) -> dict[str, Any]:
     before_disk = await _settled_usage(d)
     before_bytes = await asyncio.to_thread(_restate_bytes, d)
     ids = d.run_ids(subject, "fleet", runs)
-    if subject is d.countersign:
-        d.countersign.new_orders(ids)
+    if isinstance(subject, Countersign | ProductFloor):
+        subject.new_orders(ids)
     progress(f"fleet: {subject.name}: starting {runs} runs (one approver, one tool) at concurrency {c}")
     await bounded_gather((d.send(subject, run_id, _task(d, subject, run_id)) for run_id in ids), c)
     await d.wait_notified(subject, ids)
@@ -113,7 +109,7 @@ async def _one(d: Driver, subject: Subject, runs: int) -> dict[str, Any]:
     by_service = {
         service: {kind: counts[kind] - before_bytes.get(service, {}).get(kind, 0) for kind in ("journal", "state")}
         for service, counts in after_bytes.items()
-        if _mine(subject, service)
+        if owns(subject, service)
     }
     kept = sum(c["journal"] + c["state"] for c in by_service.values())
     return {
@@ -138,48 +134,51 @@ def _cpu(figures: dict[str, Any]) -> float:
 async def fleet_runs(d: Driver, runs: int | None = None) -> dict[str, Any]:
     """Metrics `fleet_drain`, `fleet_cpu`, `fleet_backlog` and `fleet_completed_bytes`."""
     runs = runs or RUNS.get(d.plan.mode, RUNS["quick"])
-    found = {subject.name: await _one(d, subject, runs) for subject in (d.floor, d.countersign)}
+    found = {subject.name: await _one(d, subject, runs) for subject in d.subjects}
     fl, cs = found["floor"], found["countersign"]
     how = (
-        f"{runs} runs per system wait at once (Countersign: the README demo run, all for finance@example.com and "
-        f"issue_refund; floor: one step, notify, wait), then {d.plan.concurrency} workers decide them (Countersign "
-        "through the approval page); drained = last run's output attached. Backlog: from the last decision until "
+        f"{runs} runs per system wait at once (Countersign and the library path: the README demo run, all for "
+        "finance@example.com and issue_refund; product floor: the same look-up and gated refund; bare floor: one "
+        f"step, notify, wait), then {d.plan.concurrency} workers decide them (all but the bare floor through their "
+        "approval page); drained = last run's output attached. Backlog: from the last decision until "
         "no invocation is in flight but suspended ones. CPU (restate-server + handlers) per decision covers "
         "decide -> backlog cleared. Bytes: growth of Restate's journal+state count of the system's services, and "
         "of `du` of the data dir (single node: the log is never trimmed), once the dir stopped changing."
     )
-    drain: dict[str, Any] = {
-        "floor": fl["decisions_per_second"],
-        "countersign": cs["decisions_per_second"],
+    drain: dict[str, Any] = {name: f["decisions_per_second"] for name, f in found.items()}
+    drain |= {
         "ratio": ratio(cs["decisions_per_second"], fl["decisions_per_second"]),
         "target": f"countersign >= {DRAIN_TARGET}x floor decisions/s at c={d.plan.concurrency}, one approver, one tool",
         "how": how,
         "detail": found,
     }
     drain["met"] = drain["ratio"] >= DRAIN_TARGET
-    cpu: dict[str, Any] = {
-        "floor": round(_cpu(fl), 2),
-        "countersign": round(_cpu(cs), 2),
-        "target": f"<= {CPU_TARGET}x floor",
-    }
+    cpu: dict[str, Any] = {name: round(_cpu(f), 2) for name, f in found.items()}
+    cpu["target"] = f"<= {CPU_TARGET}x floor"
     cpu["ratio"] = ratio(cpu["countersign"], cpu["floor"])
     cpu["met"] = cpu["ratio"] <= CPU_TARGET
-    backlog: dict[str, Any] = {
-        "floor": fl["backlog_after_last_decision_s"],
-        "countersign": cs["backlog_after_last_decision_s"],
+    backlog: dict[str, Any] = {name: f["backlog_after_last_decision_s"] for name, f in found.items()}
+    backlog |= {
         "ratio": None,
         "target": f"bookkeeping cleared within {BACKLOG_TARGET_S:.0f} s of the last of {runs} decisions",
     }
     backlog["met"] = cs["backlog_after_last_decision_s"] <= BACKLOG_TARGET_S
     kept: dict[str, Any] = {
-        "floor": [fl["disk_bytes_per_completed_run"], fl["restate_bytes_per_completed_run"]],
-        "countersign": [cs["disk_bytes_per_completed_run"], cs["restate_bytes_per_completed_run"]],
+        name: [f["disk_bytes_per_completed_run"], f["restate_bytes_per_completed_run"]] for name, f in found.items()
+    }
+    kept |= {
         "ratio": ratio(cs["restate_bytes_per_completed_run"], fl["restate_bytes_per_completed_run"])
         if fl["restate_bytes_per_completed_run"]
         else None,
         "target": f"countersign <= {BYTES_PER_COMPLETED_TARGET // 1024} KB per completed run (audit trail included)",
     }
     kept["met"] = cs["restate_bytes_per_completed_run"] <= BYTES_PER_COMPLETED_TARGET
+    if "library" in found:
+        lib = found["library"]
+        drain["library_ratio"] = ratio(lib["decisions_per_second"], fl["decisions_per_second"])
+        cpu["library_ratio"] = ratio(cpu["library"], cpu["floor"])
+        if fl["restate_bytes_per_completed_run"]:
+            kept["library_ratio"] = ratio(lib["restate_bytes_per_completed_run"], fl["restate_bytes_per_completed_run"])
     return {"fleet_drain": drain, "fleet_cpu": cpu, "fleet_backlog": backlog, "fleet_completed_bytes": kept}
 
 
@@ -193,8 +192,9 @@ HEADLINES = {
 
 def headlines(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The fleet rows of the bench's headline table (see bench.report.headlines)."""
+    keys = ("floor", "countersign", "ratio", "target", "met", "library", "library_ratio")
     return {
-        name: {"unit": unit, **{k: metrics[name][k] for k in ("floor", "countersign", "ratio", "target", "met")}}
+        name: {"unit": unit, **{k: metrics[name][k] for k in keys if k in metrics[name]}}
         for name, unit in HEADLINES.items()
         if name in metrics
     }
@@ -210,7 +210,8 @@ async def _main(work: Path, runs: int, concurrency: int) -> dict[str, Any]:
             httpx.AsyncClient(timeout=300, trust_env=False, limits=limits) as pages,
         ):
             agent = Countersign(stack.countersign, stack.outbox, stack.db_path, pages)
-            d = Driver(stack, plan, ing, agent, Floor(stack.floor, stack.markers, ing), Library(agent))
+            product = ProductFloor(stack.product, stack.product_outbox, stack.product_db, pages)
+            d = Driver(stack, plan, ing, agent, Floor(stack.floor, stack.markers, ing), Library(agent), product)
             stop = asyncio.Event()
             # One watcher per folder: the agent and the library path share the outbox.
             watchers = [asyncio.create_task(w.run(stop)) for w in d.watchers]

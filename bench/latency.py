@@ -7,9 +7,9 @@ the bookkeeping call and the start of the approval's workflow; the floor: nothin
 time (`start_to_email_alone`), each start waits `plan.think_ms` after the previous notification, the
 way approvals arrive from people rather than from a loop, so the figure is one run's own path.
 
-Guarantee: the systems (floor, agent, library path; resume: floor and agent) are measured in
-alternating blocks of the same size, so load from other
-processes on the machine hits both alike; CPU is accounted per block (the approver's page view before
+Guarantee: the systems (bare floor, product floor, agent, library path; resume: bare floor and
+agent) are measured in alternating blocks of the same size, so load from other processes on the
+machine hits them alike; CPU is accounted per block (the approver's page view before
 the timed POST is outside both the timing and the CPU figures); every run is checked to have
 completed with its action executed before its sample counts.
 """
@@ -98,6 +98,7 @@ async def approval_path(d: Driver) -> dict[str, Any]:
     ids = {s.name: d.run_ids(s, "lat", n) for s in d.subjects}
     alone_ids = {s.name: d.run_ids(s, "alone", n) for s in d.subjects}
     d.countersign.new_orders(ids["countersign"] + ids["library"] + alone_ids["countersign"] + alone_ids["library"])
+    d.product.new_orders(ids["product_floor"] + alone_ids["product_floor"])
     progress(f"start -> email: {n} runs per system, back to back, blocks of {d.plan.block}")
     email_metric = await _start_to_email(d, ids, 0.0)
     progress(f"start -> email: {n} runs per system, {d.plan.think_ms:g} ms think time after each email")
@@ -142,7 +143,8 @@ async def approval_path(d: Driver) -> dict[str, Any]:
         "client clock before the approver's POST (Countersign: the approval page's form, after an untimed page "
         "view, for the agent and the library path alike; floor: POST /BenchFloor/<id>/decide) -> the attach "
         "call returns the run's output; every run was suspended before. to_action: -> the action's own "
-        "timestamp (refund row created_at / journaled time). The runs of both start -> email passes."
+        "timestamp (refund row created_at / journaled time). The runs of both start -> email passes. The product "
+        "floor is decided like the agent, on its own emailed page (GET untimed, POST timed)."
     )
     return {"start_to_email": email_metric, "start_to_email_alone": alone_metric, "approve_to_done": done_metric}
 

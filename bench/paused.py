@@ -2,7 +2,7 @@
 
 Guarantee: runs are started by a closed loop of `concurrency` workers (each starts a run and waits for
 its approval notification before starting the next), so the offered load is bounded. They run on a
-restate-server per system (both handler deployments registered; the agent and the library path are
+restate-server per system (every handler deployment registered; the agent and the library path are
 two systems here, each on its own server), so a data dir holds nothing but
 one system's paused runs and what they caused; disk, Restate's own byte counts and memory are read only once
 every run of the batch is suspended, nothing else is in flight, and the data dir has stopped changing.
@@ -20,10 +20,9 @@ import httpx
 from support.processes import RestateServer
 
 from bench.driver import Driver, progress
-from bench.floor import SERVICE as FLOOR_SERVICE
 from bench.probes import disk_usage, rss_bytes
 from bench.stats import ratio
-from bench.subjects import Countersign, Subject, now
+from bench.subjects import Countersign, ProductFloor, Subject, now, owns
 
 THROUGHPUT_TARGET = 0.5
 DISK_TARGET_BYTES = 8 * 1024
@@ -49,7 +48,8 @@ async def _closed_loop(d: Driver, subject: Subject, tasks: dict[str, dict[str, A
 
 
 def _task(d: Driver, subject: Subject, run_id: str) -> dict[str, Any]:
-    if isinstance(subject, Countersign):  # the agent, and the library path doing the same work
+    # The agent, the library path and the product floor: a look-up, then the gated refund.
+    if isinstance(subject, Countersign | ProductFloor):
         return subject.demo_task(run_id)
     return subject.waiting_task(run_id, 2)
 
@@ -88,11 +88,11 @@ async def _measure(d: Driver, drivers: dict[str, Driver]) -> dict[str, Any]:
 
     previous = 0
     for size in sizes:
-        for subject in (d.countersign, d.library, d.floor):
+        for subject in (d.countersign, d.library, d.product, d.floor):
             own = drivers[subject.name]
             batch = size - previous
             ids = d.run_ids(subject, f"p{size}", batch)
-            if isinstance(subject, Countersign):
+            if isinstance(subject, Countersign | ProductFloor):
                 subject.new_orders(ids)
             tasks = {run_id: _task(d, subject, run_id) for run_id in ids}
             progress(f"paused: {subject.name} +{batch} runs at concurrency {d.plan.concurrency} (to {size})")
@@ -201,12 +201,8 @@ async def _reading(d: Driver) -> dict[str, Any]:
 
 
 def _for(subject: Subject, reading: dict[str, Any], paused: int) -> dict[str, Any]:
-    """One system's view of a reading: its services' bytes (the floor's is BenchFloor, Countersign the rest)."""
-    services = reading["by_service"].items()
-    if subject.service == FLOOR_SERVICE:
-        mine = {name: counts for name, counts in services if name == FLOOR_SERVICE}
-    else:
-        mine = {name: counts for name, counts in services if name != FLOOR_SERVICE}
+    """One system's view of a reading: its services' bytes (see `subjects.owns`)."""
+    mine = {name: counts for name, counts in reading["by_service"].items() if owns(subject, name)}
     return {
         "paused": paused,
         "disk_bytes": reading["disk_bytes"],

@@ -1,7 +1,7 @@
 """The processes under test: one restate-server, the Countersign handlers (with the bench's own
-library-path workflow served beside them) and the floor's handlers.
+library-path workflow served beside them), the bare floor's handlers and the product floor's.
 
-Guarantee: all three bind 127.0.0.1 on free ports, run the committed `restate.toml` and
+Guarantee: all four bind 127.0.0.1 on free ports, run the committed `restate.toml` and
 `countersign/runtime/hypercorn.toml` (with the test suite's loopback overrides, and the partition
 count and RocksDB budget put back to the committed values), and are stopped by PID through the
 `ExitStack` they are started under, in reverse order, however the bench ends.
@@ -9,6 +9,7 @@ count and RocksDB budget put back to the committed values), and are stopped by P
 
 from __future__ import annotations
 
+import secrets
 import sys
 import tomllib
 from contextlib import ExitStack
@@ -20,6 +21,7 @@ from support.processes import RESTATE_CONFIG, AppServer, RestateServer, free_por
 from bench import REPO
 from bench.floor import MARKERS_ENV
 from bench.library_subject import SPEC as LIBRARY_SPEC
+from bench.product_floor import DB_ENV, INGRESS_ENV, OUTBOX_ENV, SECRET_ENV
 
 INACTIVITY_TIMEOUT = "2s"
 """How long an invocation waiting on a promise stays in the handler before it suspends (1m in production)."""
@@ -35,15 +37,28 @@ class FloorServer(AppServer):
         return [sys.executable, "-m", "bench.floor", "--bind", f"127.0.0.1:{port}"]
 
 
+class ProductFloorServer(AppServer):
+    """`python -m bench.product_floor`: its pages and Restate endpoint on one port, like the floor's."""
+
+    own_restate_listener = False
+
+    @staticmethod
+    def _command(port: int) -> list[str]:
+        return [sys.executable, "-m", "bench.product_floor", "--bind", f"127.0.0.1:{port}"]
+
+
 @dataclass
 class Stack:
     restate: RestateServer
     countersign: AppServer
     floor: AppServer
+    product: AppServer
     outbox: Path
     markers: Path
     db_path: Path
     restate_dir: Path
+    product_outbox: Path
+    product_db: Path
 
     @classmethod
     def start(cls, work: Path, cleanup: ExitStack) -> Stack:
@@ -71,15 +86,31 @@ class Stack:
         floor = FloorServer.start(env={MARKERS_ENV: str(markers)}, log_path=work / "floor.log")
         cleanup.callback(floor.stop)
         restate.register(floor.restate_uri)
-        return cls(restate, countersign, floor, outbox, markers, db_path, restate_dir)
+
+        product_outbox, product_db = work / "product-outbox", work / "product.db"
+        product_outbox.mkdir(parents=True, exist_ok=True)
+        product_env = {
+            INGRESS_ENV: restate.ingress_url,
+            OUTBOX_ENV: str(product_outbox),
+            DB_ENV: str(product_db),
+            SECRET_ENV: secrets.token_urlsafe(32),
+            "PYTHONPATH": str(REPO),
+        }
+        product = ProductFloorServer.start(env=product_env, log_path=work / "product-floor.log")
+        cleanup.callback(product.stop)
+        restate.register(product.restate_uri)
+        return cls(
+            restate, countersign, floor, product, outbox, markers, db_path, restate_dir, product_outbox, product_db
+        )
 
     def second_restate(self, base_dir: Path) -> RestateServer:
-        """Another restate-server (same settings) with both handler deployments registered: a data dir
+        """Another restate-server (same settings) with every handler deployment registered: a data dir
         that holds one scenario's data only. The caller stops it."""
         restate = start_restate(base_dir)
         try:
             restate.register(self.countersign.restate_uri)
             restate.register(self.floor.restate_uri)
+            restate.register(self.product.restate_uri)
         except BaseException:
             restate.stop()
             raise

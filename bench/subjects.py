@@ -1,9 +1,11 @@
 """The systems measured side by side, behind one interface: Countersign's agent, the library path
-(a user's own workflow calling the gate) and the bare floor.
+(a user's own workflow calling the gate), the bare floor and the product floor (bare Restate doing
+the same product work the most direct way: `bench.product_floor`).
 
-Guarantee: both are driven only through their public surfaces (the Restate ingress, the approval
-page, the outbox and the business database for Countersign; the ingress and marker files for the
-floor), and every run is checked to have ended the way the scenario meant before its figure counts.
+Guarantee: each is driven only through its public surfaces (the Restate ingress, the approval
+page, the outbox and the business database for Countersign and the product floor; the ingress and
+marker files for the bare floor), and every run is checked to have ended the way the scenario meant
+before its figure counts.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from support.processes import AppServer
 
 from bench.floor import SERVICE as FLOOR_SERVICE
 from bench.library_subject import SERVICE as LIBRARY_SERVICE
-from bench.watch import MarkerWatcher, approval_email_run, floor_marker_run
+from bench.product_floor import SERVICE as PRODUCT_SERVICE
+from bench.product_floor import connect as product_db
+from bench.watch import MarkerWatcher, approval_email_run, floor_marker_run, product_request_run
 from countersign.security.codec import JournalCipher
 from countersign.settings import parse_journal_keys
 from handlers.demo.business_db import connect, transaction
@@ -159,24 +163,10 @@ class Countersign:
         }
 
     async def prepare(self, run_id: str) -> Approval:
-        path = self.watcher.paths[run_id]
-        message = email.message_from_bytes(path.read_bytes(), policy=email.policy.default)
-        assert isinstance(message, EmailMessage)
-        link = ApprovalEmail(path, message).link
-        page = await self.client.get(link)
-        match = CSRF.search(page.text)
-        if page.status_code != 200 or match is None:
-            raise BenchError(f"approval page for {run_id} answered {page.status_code} without a form")
-        return Approval(run_id, link, match.group(1))
+        return await _open_page(self.client, self.watcher.paths[run_id], run_id)
 
     async def decide(self, approval: Approval) -> None:
-        response = await self.client.post(
-            approval.link,
-            data={"csrf": approval.csrf, "verdict": "approve", "reason": ""},
-            headers={"Origin": self.origin},
-        )
-        if response.status_code != 200:
-            raise BenchError(f"approving {approval.run_id} answered {response.status_code}")
+        await _post_page(self.client, approval, self.origin)
 
     def check_done(self, run_id: str, output: dict[str, Any]) -> float:
         index = self._gated_index[run_id]
@@ -280,6 +270,101 @@ class Floor:
         if not isinstance(acted, float):
             raise BenchError(f"{run_id} did not act: {str(output)[:300]}")
         return acted
+
+
+class ProductFloor:
+    """`bench.product_floor`: the same refund, gated and decided on its own emailed page."""
+
+    name = "product_floor"
+    service = PRODUCT_SERVICE
+
+    def __init__(self, app: AppServer, outbox: Path, db_path: Path, client: httpx.AsyncClient) -> None:
+        self.app = app
+        self.watcher = MarkerWatcher(outbox, product_request_run)
+        self.db_path = db_path
+        self.client = client
+        self.origin = "{0.scheme}://{0.netloc}".format(urlsplit(app.url))
+        self._orders: dict[str, int] = {}
+        self._next_order = itertools.count(10_000_000)
+
+    def body(self, task: dict[str, Any]) -> bytes:
+        return json.dumps(task).encode()
+
+    def read(self, answer: bytes) -> dict[str, Any]:
+        return cast(dict[str, Any], json.loads(answer))
+
+    def new_orders(self, run_ids: list[str]) -> None:
+        """A fresh order per run in the product floor's own database (one transaction)."""
+        rows = [(next(self._next_order), run_id) for run_id in run_ids]
+        db = product_db(self.db_path)
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany("INSERT INTO orders(id, amount_cents) VALUES (?, ?)", [(o, ORDER_CENTS) for o, _ in rows])
+        db.execute("COMMIT")
+        self._orders.update({run_id: order for order, run_id in rows})
+
+    def waiting_task(self, run_id: str, turns: int) -> dict[str, Any]:
+        """`turns - 1` look-ups, then the refund the policy gates (as the agent's script)."""
+        if run_id not in self._orders:
+            self.new_orders([run_id])
+        cents = int(float(GATED_AMOUNT) * 100)
+        return {"order_id": self._orders[run_id], "amount_cents": cents, "requester": REQUESTER, "lookups": turns - 1}
+
+    def demo_task(self, run_id: str) -> dict[str, Any]:
+        """Like the agent's demo run: a look-up, then the gated refund."""
+        return self.waiting_task(run_id, 2)
+
+    def steps_task(self, run_id: str, steps: int) -> dict[str, Any]:
+        raise BenchError("the product floor is measured on the approval path only")
+
+    async def prepare(self, run_id: str) -> Approval:
+        return await _open_page(self.client, self.watcher.paths[run_id], run_id)
+
+    async def decide(self, approval: Approval) -> None:
+        await _post_page(self.client, approval, self.origin)
+
+    def check_done(self, run_id: str, output: dict[str, Any]) -> float:
+        key = f"{run_id}/refund"
+        if output.get("outcome") != "approved":
+            raise BenchError(f"{run_id} did not complete with an approved refund: {str(output)[:300]}")
+        row = product_db(self.db_path).execute("SELECT created_at FROM refunds WHERE idempotency_key = ?", (key,))
+        found = row.fetchone()
+        if found is None:
+            raise BenchError(f"{run_id}: no refund row")
+        return float(found[0])
+
+
+def _email_link(path: Path) -> str:
+    message = email.message_from_bytes(path.read_bytes(), policy=email.policy.default)
+    assert isinstance(message, EmailMessage)
+    return str(ApprovalEmail(path, message).link)
+
+
+async def _open_page(client: httpx.AsyncClient, path: Path, run_id: str) -> Approval:
+    """The approver's untimed part: the link from the email, the page, its form's CSRF value."""
+    link = _email_link(path)
+    page = await client.get(link)
+    match = CSRF.search(page.text)
+    if page.status_code != 200 or match is None:
+        raise BenchError(f"approval page for {run_id} answered {page.status_code} without a form")
+    return Approval(run_id, link, match.group(1))
+
+
+async def _post_page(client: httpx.AsyncClient, approval: Approval, origin: str) -> None:
+    """The approver's one timed action: the form's POST, approving."""
+    response = await client.post(
+        approval.link,
+        data={"csrf": approval.csrf, "verdict": "approve", "reason": ""},
+        headers={"Origin": origin},
+    )
+    if response.status_code != 200:
+        raise BenchError(f"approving {approval.run_id} answered {response.status_code}")
+
+
+def owns(subject: Subject, service: str) -> bool:
+    """Whether a Restate service's bytes are `subject`'s: each floor owns its one workflow; the agent and
+    the library path own the rest (Countersign's workflows and objects, and BenchLibrary)."""
+    floors = (FLOOR_SERVICE, PRODUCT_SERVICE)
+    return service == subject.service if subject.service in floors else service not in floors
 
 
 def now() -> float:

@@ -76,6 +76,7 @@ class MarkerWatcher:
 
 _EMAIL = re.compile(r"^approval-request_(?P<run>.+)-a\d+_r\d+_s\d+-[0-9a-f]+\.eml$")
 _NOTIFY = re.compile(r"^(?P<run>.+)\.notify$")
+_PRODUCT_REQUEST = re.compile(r"^request_(?P<run>.+)\.eml$")
 
 
 def approval_email_run(name: str) -> str | None:
@@ -86,4 +87,10 @@ def approval_email_run(name: str) -> str | None:
 
 def floor_marker_run(name: str) -> str | None:
     match = _NOTIFY.match(name)
+    return match.group("run") if match else None
+
+
+def product_request_run(name: str) -> str | None:
+    """The run id of a product-floor request email, named after its key `request/<run>`."""
+    match = _PRODUCT_REQUEST.match(name)
     return match.group("run") if match else None
