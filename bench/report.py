@@ -17,11 +17,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from bench import fleet
+from bench.stats import against_floors, ratio
 
 SYSTEMS = ("floor", "countersign")
-COLORS = {"floor": "#7f7f7f", "countersign": "#1f77b4", "library": "#2ca02c"}
+COLORS = {"floor": "#7f7f7f", "countersign": "#1f77b4", "library": "#2ca02c", "product_floor": "#ff7f0e"}
 LIBRARY = "library"
 """The library path (a user's workflow calling the gate): measured where it has the agent's shape."""
+PRODUCT = "product_floor"
+"""The product floor (bare Restate doing the same product work, `bench.product_floor`)."""
+PRODUCT_TARGET = 1.3
+"""The issue's line: Countersign within 1.3x of the product floor on every figure."""
 
 
 LATENCY = ("start_to_email", "start_to_email_alone", "approve_to_done")
@@ -29,7 +34,7 @@ LATENCY = ("start_to_email", "start_to_email_alone", "approve_to_done")
 
 
 def _systems(metric: dict[str, Any]) -> tuple[str, ...]:
-    return (*SYSTEMS, LIBRARY) if LIBRARY in metric else SYSTEMS
+    return tuple(s for s in ("floor", PRODUCT, "countersign", LIBRARY) if s in metric)
 
 
 def headlines(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -48,6 +53,8 @@ def headlines(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
             if LIBRARY in m:
                 rows[name][LIBRARY] = [m[LIBRARY][k] for k in ("p50", "p90", "p99")]
                 rows[name]["library_ratio"] = m["library_ratio_p50"]
+            if PRODUCT in m:
+                rows[name][PRODUCT] = [m[PRODUCT][k] for k in ("p50", "p90", "p99")]
     if "step_overhead" in metrics:
         m = metrics["step_overhead"]
         rows["step_overhead"] = {
@@ -67,6 +74,8 @@ def headlines(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if LIBRARY in m:
             library = {LIBRARY: m[LIBRARY]["per_second"], "library_ratio": m["library_ratio"]}
             rows["start_to_paused_throughput"] |= library
+        if PRODUCT in m:
+            rows["start_to_paused_throughput"][PRODUCT] = m[PRODUCT]["per_second"]
     if "paused_cost" in metrics:
         m = metrics["paused_cost"]
         rows["paused_cost"] = {
@@ -80,6 +89,8 @@ def headlines(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 LIBRARY: [m[LIBRARY]["disk_bytes_per_run"], m[LIBRARY]["restate_bytes_per_run"]],
                 "library_ratio": m["library_ratio_restate_bytes"],
             }
+        if PRODUCT in m:
+            rows["paused_cost"][PRODUCT] = [m[PRODUCT]["disk_bytes_per_run"], m[PRODUCT]["restate_bytes_per_run"]]
     if "crash_recovery" in metrics:
         m = metrics["crash_recovery"]
         rows["crash_recovery"] = {
@@ -97,7 +108,10 @@ def headlines(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "countersign": [m["countersign"][low]["p50"], m["countersign"][high]["p50"]],
             "ratio": m["ratio_p50"],
         }
-    rows.update(fleet.headlines(metrics))
+    for name, row in fleet.headlines(metrics).items():
+        if PRODUCT in metrics[name]:
+            row[PRODUCT] = metrics[name][PRODUCT]
+        rows[name] = row
     for name, row in rows.items():
         row["target"] = metrics[name]["target"]
         row["met"] = bool(metrics[name]["met"])
@@ -116,36 +130,46 @@ def table(metrics: dict[str, Any]) -> str:
     """The headline table (target and met judge the agent, `countersign`; `library` is the library path,
     '-' where it is not measured), then CPU per operation."""
     lines = [
-        "| metric | unit | floor | countersign | ratio | library | library ratio | target | met |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| metric | unit | floor | product floor | countersign | ratio | library | library ratio | target | met |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in headlines(metrics).items():
         lines.append(
-            f"| {name} | {row['unit']} | {_fmt(row['floor'])} | {_fmt(row['countersign'])} | {_fmt(row['ratio'])} "
-            f"| {_fmt(row.get(LIBRARY))} | {_fmt(row.get('library_ratio'))} "
+            f"| {name} | {row['unit']} | {_fmt(row['floor'])} | {_fmt(row.get(PRODUCT))} | {_fmt(row['countersign'])} "
+            f"| {_fmt(row['ratio'])} | {_fmt(row.get(LIBRARY))} | {_fmt(row.get('library_ratio'))} "
             f"| {row['target']} | {'yes' if row['met'] else 'NO'} |"
         )
-    lines += ["", "| CPU ms per operation | process | floor | countersign | library |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| CPU ms per operation | process | floor | product floor | countersign | library |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, m in metrics.items():
-        for op, floor_cpu, cs_cpu, lib_cpu in _cpu_rows(name, m):
+        for op, floor_cpu, product_cpu, cs_cpu, lib_cpu in _cpu_rows(name, m):
             for proc in ("restate", "app"):
                 lib = _fmt(lib_cpu[proc]) if lib_cpu else "-"
-                lines.append(f"| {op} | {proc} | {_fmt(floor_cpu[proc])} | {_fmt(cs_cpu[proc])} | {lib} |")
+                product = _fmt(product_cpu[proc]) if product_cpu else "-"
+                lines.append(f"| {op} | {proc} | {_fmt(floor_cpu[proc])} | {product} | {_fmt(cs_cpu[proc])} | {lib} |")
+    rows = floor_table(metrics)
+    if rows:
+        lines += ["", *floor_table_lines(rows)]
     return "\n".join(lines)
 
 
-CpuRow = tuple[str, dict[str, float], dict[str, float], dict[str, float] | None]
+CpuRow = tuple[str, dict[str, float], dict[str, float] | None, dict[str, float], dict[str, float] | None]
 
 
 def _cpu_rows(name: str, m: dict[str, Any]) -> list[CpuRow]:
     if name in (*LATENCY, "start_to_paused_throughput"):
         lib = m[LIBRARY]["cpu_ms_per_op"] if LIBRARY in m else None
-        return [(name, m["floor"]["cpu_ms_per_op"], m["countersign"]["cpu_ms_per_op"], lib)]
+        product = m[PRODUCT]["cpu_ms_per_op"] if PRODUCT in m else None
+        return [(name, m["floor"]["cpu_ms_per_op"], product, m["countersign"]["cpu_ms_per_op"], lib)]
     if name == "step_overhead":
         return [
             (
                 f"{name} (per step; countersign per journaled step)",
                 m["floor"]["cpu_ms_per_step"],
+                None,
                 m["countersign"]["cpu_ms_per_journaled_step"],
                 None,
             )
@@ -155,6 +179,7 @@ def _cpu_rows(name: str, m: dict[str, Any]) -> list[CpuRow]:
             (
                 f"{name} ({t} turns)",
                 m["floor"][str(t)]["cpu_ms_per_op"],
+                None,
                 m["countersign"][str(t)]["cpu_ms_per_op"],
                 None,
             )
@@ -163,9 +188,89 @@ def _cpu_rows(name: str, m: dict[str, Any]) -> list[CpuRow]:
     return []
 
 
+def _cpu_total(cpu: dict[str, float]) -> float:
+    return round(cpu["restate"] + cpu["app"], 3)
+
+
+FloorFigure = tuple[str, str, bool, Any]
+"""(metric it comes from, the figure's label, whether lower is better, system's metric entry -> value)."""
+
+FLOOR_FIGURES: tuple[FloorFigure, ...] = (
+    ("start_to_email", "start -> paused (request email written), ms p50, back to back", True, lambda e: e["p50"]),
+    ("start_to_email_alone", "start -> paused, ms p50, alone (think time between runs)", True, lambda e: e["p50"]),
+    ("approve_to_done", "decision (approver's POST) -> completed, ms p50", True, lambda e: e["p50"]),
+    (
+        "approve_to_done",
+        "CPU ms per decision, restate-server + handler, one at a time",
+        True,
+        lambda e: _cpu_total(e["cpu_ms_per_op"]),
+    ),
+    ("fleet_cpu", "CPU ms per decision, restate-server + handler, burst at c=16", True, lambda e: e),
+    ("fleet_drain", "decisions drained at concurrency 16, per s", False, lambda e: e),
+    (
+        "paused_cost",
+        "storage per paused run, bytes (Restate's journal + state count)",
+        True,
+        lambda e: e["restate_bytes_per_run"],
+    ),
+    ("paused_cost", "storage per paused run, bytes (du of the data dir)", True, lambda e: e["disk_bytes_per_run"]),
+    (
+        "fleet_completed_bytes",
+        "storage per completed run, bytes (Restate's journal + state count)",
+        True,
+        lambda e: e[1],
+    ),
+    ("fleet_completed_bytes", "storage per completed run, bytes (du of the data dir)", True, lambda e: e[0]),
+)
+
+
+def floor_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's figures for every system, each as a ratio to the product floor and to the bare floor.
+    `met`: Countersign within PRODUCT_TARGET of the product floor (for a rate: at least 1/PRODUCT_TARGET of it)."""
+    rows = []
+    for name, label, lower_is_better, value_of in FLOOR_FIGURES:
+        m = metrics.get(name)
+        if m is None or PRODUCT not in m:
+            continue
+        values = {s: float(value_of(m[s])) for s in ("floor", PRODUCT, "countersign", LIBRARY) if s in m}
+        versus = against_floors(values)
+        cs_vs_product = versus["vs_product_floor"].get("countersign")
+        row: dict[str, Any] = {"metric": name, "figure": label, "lower_is_better": lower_is_better, **values}
+        row["countersign_vs_product_floor"] = cs_vs_product
+        row["library_vs_product_floor"] = versus["vs_product_floor"].get(LIBRARY)
+        row["product_floor_vs_floor"] = versus["product_floor_vs_floor"]
+        row["countersign_vs_floor"] = ratio(values["countersign"], values["floor"]) if values["floor"] else None
+        if cs_vs_product is None:
+            row["met"] = None
+        else:
+            row["met"] = cs_vs_product <= PRODUCT_TARGET if lower_is_better else cs_vs_product >= 1 / PRODUCT_TARGET
+        rows.append(row)
+    return rows
+
+
+def floor_table_lines(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        f"Against the product floor (Countersign within {PRODUCT_TARGET:g}x; a rate: at least 1/{PRODUCT_TARGET:g}):",
+        "",
+        "| figure | bare Restate | product floor | Countersign (AgentRun) | library path "
+        "| Countersign / product floor | library / product floor | Countersign / bare | product floor / bare "
+        f"| within {PRODUCT_TARGET:g}x |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        met = "-" if r["met"] is None else ("yes" if r["met"] else "NO")
+        lines.append(
+            f"| {r['figure']} | {_fmt(r['floor'])} | {_fmt(r[PRODUCT])} | {_fmt(r['countersign'])} "
+            f"| {_fmt(r.get(LIBRARY))} | {_fmt(r['countersign_vs_product_floor'])} "
+            f"| {_fmt(r['library_vs_product_floor'])} | {_fmt(r['countersign_vs_floor'])} "
+            f"| {_fmt(r['product_floor_vs_floor'])} | {met} |"
+        )
+    return lines
+
+
 def write(out: Path, meta: dict[str, Any], metrics: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    document = {"meta": meta, "headline": headlines(metrics), "metrics": metrics}
+    document = {"meta": meta, "headline": headlines(metrics), "product_floor": floor_table(metrics), "metrics": metrics}
     (out / "results.json").write_text(json.dumps(document, indent=1, sort_keys=False) + "\n")
     (out / "report.md").write_text(
         f"# Bench run ({meta['mode']}, {meta['started']}, commit {meta['commit']})\n\n{table(metrics)}\n"

@@ -42,3 +42,19 @@ def ratio(numerator: float, denominator: float) -> float:
     if denominator <= 0:
         raise ValueError(f"ratio to a non-positive floor ({denominator})")
     return round(numerator / denominator, 3)
+
+
+FLOOR, PRODUCT = "floor", "product_floor"
+
+
+def against_floors(values: dict[str, float]) -> dict[str, Any]:
+    """`vs_product_floor` (each other system's value over the product floor's) and
+    `product_floor_vs_floor` (the product floor's over the bare floor's), None where a value is missing
+    or a floor is zero."""
+    product, floor = values.get(PRODUCT), values.get(FLOOR)
+    vs = {
+        name: ratio(value, product) if product else None
+        for name, value in values.items()
+        if name not in (PRODUCT, FLOOR) and value is not None
+    }
+    return {"vs_product_floor": vs, "product_floor_vs_floor": ratio(product, floor) if product and floor else None}
