@@ -1,5 +1,7 @@
 """`python -m bench --quick` runs end to end and produces every figure (no speed is asserted), for the
-floor, the agent and the library path (a user's workflow calling `gated_call`) where it is measured.
+floor, the agent and the library path (a user's workflow calling `gated_call`) where it is measured,
+and for the product floor (bare Restate doing the same product work) on every figure of the approval
+path, each also reported as a ratio to the product floor.
 
 The bench starts its own restate-server and handler processes; this test runs it as a subprocess
 into a temporary folder and checks the files and the numbers it wrote, then that it left no process.
@@ -36,8 +38,22 @@ ALL_METRICS = (
 PERCENTILES = ("p50", "p90", "p99")
 PROCESSES = ("restate", "app")
 MARKER_ENV = "COUNTERSIGN_BENCH_TEST_RUN"
-LIBRARY_METRICS = (*LATENCY_METRICS, "start_to_paused_throughput", "paused_cost")
+FLEET_METRICS = ("fleet_drain", "fleet_cpu", "fleet_backlog", "fleet_completed_bytes")
+LIBRARY_METRICS = (*LATENCY_METRICS, "start_to_paused_throughput", "paused_cost", *FLEET_METRICS)
 """Where the library path (a user's workflow calling the gate) is measured beside the agent."""
+PRODUCT_METRICS = LIBRARY_METRICS
+"""Where the product floor is measured: the approval path's figures."""
+PRODUCT_FIGURES = {
+    "start_to_email",
+    "start_to_email_alone",
+    "approve_to_done",
+    "fleet_cpu",
+    "fleet_drain",
+    "paused_cost",
+    "fleet_completed_bytes",
+}
+"""The metrics the product-floor table draws the issue's figures from (latencies, CPU per decision, drain
+at concurrency 16, storage per paused and per completed run)."""
 
 
 def numbers(value: Any) -> list[float]:
@@ -112,12 +128,32 @@ def test_quick_bench_produces_every_metric(tmp_path: Path) -> None:
 
     for name in LIBRARY_METRICS:
         row = headline[name]
-        assert numbers(row["library"]) and row["library_ratio"] > 0, (name, row)
+        assert numbers(row["library"]), (name, row)
+        assert name == "fleet_backlog" or row["library_ratio"] > 0, (name, row)
+    for name in PRODUCT_METRICS:
+        assert numbers(headline[name]["product_floor"]), (name, headline[name])
+
+    table = document["product_floor"]
+    assert {row["metric"] for row in table} == PRODUCT_FIGURES, table
+    for row in table:
+        where = f"product_floor table: {row['figure']}"
+        for system in ("floor", "product_floor", "countersign", "library"):
+            assert isinstance(row[system], float) and row[system] >= 0, where
+        if row["product_floor"] > 0 and "du of" not in row["figure"]:  # a quick run's du moves by whole blocks
+            assert row["countersign_vs_product_floor"] > 0 and row["library_vs_product_floor"] > 0, where
+            assert isinstance(row["met"], bool), where
+    assert {"approve_to_done", "fleet_cpu", "fleet_drain"} <= {r["metric"] for r in table if r["product_floor"] > 0}
+    product = metrics["start_to_paused_throughput"]["product_floor"]
+    assert product["per_second"] > 0 and product["runs"] > 0
+    assert metrics["paused_cost"]["product_floor"]["restate_bytes_per_run"] > 0
+    assert metrics["fleet_completed_bytes"]["product_floor"][1] > 0
+
     for name in LATENCY_METRICS:
-        for system in ("floor", "countersign", "library"):
+        for system in ("floor", "product_floor", "countersign", "library"):
             assert_latency(metrics[name][system], f"{name}.{system}")
             assert_cpu(metrics[name][system]["cpu_ms_per_op"], f"{name}.{system}")
         assert_latency(metrics["approve_to_done"]["library"]["to_action"], "approve_to_done.library.to_action")
+        assert_latency(metrics["approve_to_done"]["product_floor"]["to_action"], "approve_to_done.product.to_action")
     library = metrics["start_to_paused_throughput"]["library"]
     assert library["per_second"] > 0 and library["runs"] > 0
     assert_cpu(library["cpu_ms_per_op"], "start_to_paused_throughput.library")
@@ -149,6 +185,7 @@ def test_quick_bench_produces_every_metric(tmp_path: Path) -> None:
     assert (out / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (out / "report.md").read_text()
     assert all(name in report for name in ALL_METRICS)
+    assert "Against the product floor" in report and "| product floor |" in report
     assert "| metric |" in log, "the table is printed"
     left = bench_processes(marker)
     assert not left, f"the bench left processes running: {sorted(left)}"
