@@ -89,6 +89,7 @@ def parser() -> argparse.ArgumentParser:
     knobs.add_argument("--paused", dest="paused_sizes", type=_ints, help="cumulative paused runs, e.g. 1000,10000")
     knobs.add_argument("--crash-runs", type=int, help="runs in flight when the handler is killed")
     knobs.add_argument("--crash-turns", type=int, help="model turns per crash-test run")
+    knobs.add_argument("--fleet-runs", type=int, help="runs per system in the fleet burst")
     knobs.add_argument("--timeout", type=float, help="upper bound on any single wait, seconds")
     return p
 
@@ -108,6 +109,7 @@ def _plan(args: argparse.Namespace) -> Plan:
         "paused_sizes",
         "crash_runs",
         "crash_turns",
+        "fleet_runs",
         "timeout",
     )
     return base.with_overrides({k: getattr(args, k) for k in knobs})

@@ -37,8 +37,6 @@ from bench.stack import Stack
 from bench.stats import ratio
 from bench.subjects import Countersign, Floor, Library, ProductFloor, Subject, now, owns
 
-RUNS = {"full": 2000, "quick": 20}
-"""Runs per system in the burst, by plan mode (the issue's figure is a burst of 2,000 decisions)."""
 DRAIN_TARGET = 0.6
 CPU_TARGET = 3.0
 BACKLOG_TARGET_S = 10.0
@@ -133,7 +131,7 @@ def _cpu(figures: dict[str, Any]) -> float:
 
 async def fleet_runs(d: Driver, runs: int | None = None) -> dict[str, Any]:
     """Metrics `fleet_drain`, `fleet_cpu`, `fleet_backlog` and `fleet_completed_bytes`."""
-    runs = runs or RUNS.get(d.plan.mode, RUNS["quick"])
+    runs = runs or d.plan.fleet_runs
     found = {subject.name: await _one(d, subject, runs) for subject in d.subjects}
     fl, cs = found["floor"], found["countersign"]
     how = (

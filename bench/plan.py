@@ -46,6 +46,8 @@ class Plan:
     """Cumulative paused runs at which disk and RSS are read; the first batch is also the throughput figure."""
     crash_runs: int
     crash_turns: int
+    fleet_runs: int
+    """Runs per system in the fleet burst (the issue's figure is a burst of 2,000 decisions)."""
     timeout: float
     """Upper bound (s) on any single wait."""
 
@@ -67,6 +69,8 @@ class Plan:
             raise ValueError("paused sizes must be increasing")
         if self.paused_sizes[-1] > 100_000 or self.crash_runs < 1 or self.crash_turns < 1:
             raise ValueError("paused sizes are capped at 100000; crash runs and turns must be at least 1")
+        if not 1 <= self.fleet_runs <= 100_000:
+            raise ValueError("fleet runs must be 1..100000")
         if not 1 <= self.concurrency <= 256:
             raise ValueError("concurrency must be 1..256")
         if self.think_ms > 10_000:
@@ -93,6 +97,7 @@ def full_plan() -> Plan:
         paused_sizes=(1_000, 10_000),
         crash_runs=50,
         crash_turns=7,
+        fleet_runs=2000,
         timeout=120.0,
     ).check()
 
@@ -112,5 +117,6 @@ def quick_plan() -> Plan:
         paused_sizes=(48,),
         crash_runs=6,
         crash_turns=3,
+        fleet_runs=20,
         timeout=60.0,
     ).check()
