@@ -19,7 +19,7 @@ The page (`GET /approvals/<token>`) checks the link and shows the call (read thr
 handler) with a form carrying a CSRF value (an HMAC of the token); `POST` checks the Origin header
 (`null` only with `Sec-Fetch-Site: same-origin`, as browsers send it under `Referrer-Policy: same-origin`),
 the CSRF value and the link, then makes one ingress call to the shared handler `decide`, which resolves
-the workflow's promise (a second decision finds it resolved: 409).
+the workflow's promise (Restate refuses a second resolve with a 409, and so does the page).
 
 What it leaves out, and why it is not the product work of this path: the audit trail, the approver's
 inbox, trust statistics and webhooks (bookkeeping for other screens and integrations: one invocation or
@@ -359,8 +359,6 @@ def make_workflow(effects: Effects) -> restate.Workflow:
     @wf.handler(name="decide")
     async def decide(ctx: WorkflowSharedContext, verdict: Verdict) -> str:
         promise = ctx.promise(DECISION, type_hint=Verdict)
-        if await promise.peek() is not None:
-            return "already-decided"
         await promise.resolve(verdict)
         return "ok"
 
@@ -392,7 +390,7 @@ def create_app(effects: Effects, ingress_url: str) -> Starlette:
         answer = await client.post(f"/{SERVICE}/{run_id}/pending")
         call = (
             Call.model_validate_json(answer.content)
-            if answer.status_code == 200 and answer.content != b"null"
+            if answer.status_code == 200 and answer.content.strip() not in (b"", b"null")
             else None
         )
         if call is None:
