@@ -275,7 +275,11 @@ def write(out: Path, meta: dict[str, Any], metrics: dict[str, Any]) -> None:
     (out / "report.md").write_text(
         f"# Bench run ({meta['mode']}, {meta['started']}, commit {meta['commit']})\n\n{table(metrics)}\n"
     )
-    chart(metrics, out / "latency.png", title=f"Countersign vs bare Restate floor ({meta['mode']}, {meta['started']})")
+    chart(
+        metrics,
+        out / "latency.png",
+        title=f"Countersign vs the bare Restate and product floors ({meta['mode']}, {meta['started']})",
+    )
 
 
 def _ecdf(ax: Any, metric: dict[str, Any], title: str, alone: dict[str, Any] | None = None) -> None:
