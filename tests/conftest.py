@@ -274,15 +274,26 @@ def private_stacks(tmp_path: Path) -> Iterator[StackFactory]:
 
 
 @pytest.fixture(scope="module")
+def module_stack_app_env(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The app's settings for `module_stack`: the module's `MODULE_STACK_APP_ENV` (a dict, default none).
+    A module whose settings are known only once its fixtures have run (a fake server's URL, a file under
+    a temporary directory) overrides this fixture with a module-scoped one of its own instead."""
+    return dict(getattr(request.module, "MODULE_STACK_APP_ENV", {}))
+
+
+@pytest.fixture(scope="module")
 def module_stack(
-    request: pytest.FixtureRequest, deployment_protocol: str, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    deployment_protocol: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    module_stack_app_env: dict[str, str],
 ) -> Iterator[IsolatedStack]:
     """One private restate-server and app shared by the tests of a module (in the session's protocol),
     for tests that neither kill, restart nor reconfigure them: the app's settings are the module's
-    `MODULE_STACK_APP_ENV` (a dict, default none), and every test places its runs under ids of its own.
-    A test that kills or reconfigures a process takes `isolated_stack` instead. (Starting a stack costs
-    about 2.5 CPU-seconds: per module, not per test.)"""
-    app_env = dict(getattr(request.module, "MODULE_STACK_APP_ENV", {}))
+    `MODULE_STACK_APP_ENV` (a dict, default none; see `module_stack_app_env`), and every test places its
+    runs under ids of its own. A test that kills or reconfigures a process takes `isolated_stack` instead.
+    (Starting a stack costs about 2.5 CPU-seconds: per module, not per test.)"""
+    app_env = dict(module_stack_app_env)
     root = tmp_path_factory.mktemp(f"{request.module.__name__.rsplit('.', 1)[-1]}-{deployment_protocol}")
     with ExitStack() as cleanup:
         yield _start_stack(

@@ -106,15 +106,27 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def module_stack_app_env(project: Path) -> dict[str, str]:
+    """The app's settings (conftest's `module_stack`, and `own_stack`): the project's agent and policy."""
+    return {
+        "COUNTERSIGN_SERVICES": "helpdesk.agent:served",
+        "PYTHONPATH": str(project),
+        "APPROVALS_POLICY_FILE": str(project / "policy.toml"),
+    }
+
+
 @pytest.fixture()
-def stack(isolated_stack: StackFactory, project: Path) -> Iterator[IsolatedStack]:
-    yield isolated_stack(
-        app_env={
-            "COUNTERSIGN_SERVICES": "helpdesk.agent:served",
-            "PYTHONPATH": str(project),
-            "APPROVALS_POLICY_FILE": str(project / "policy.toml"),
-        }
-    )
+def stack(module_stack: IsolatedStack) -> IsolatedStack:
+    """The module's stack: each test runs under run ids (and orders) of its own."""
+    return module_stack
+
+
+@pytest.fixture()
+def own_stack(isolated_stack: StackFactory, module_stack_app_env: dict[str, str]) -> IsolatedStack:
+    """A stack of the test's own, with the same settings: for a test that kills its app, or that checks
+    that nobody at all was emailed."""
+    return isolated_stack(app_env=module_stack_app_env)
 
 
 def refund(order: int, amount: str) -> dict[str, Any]:
@@ -153,7 +165,7 @@ def test_an_approved_refund_runs_once_with_the_approved_arguments(stack: Isolate
     assert by_tool["lookup_order"]["order_id"] == order
     assert by_tool["issue_refund"]["amount_usd"] == "800.00"
     assert by_tool["note"] == {"noted": "refund asked"}
-    assert len(list(stack.outbox_dir.glob("approval-request_*.eml"))) == 1
+    assert len(list(stack.outbox_dir.glob("approval-request_pyd-approve-*.eml"))) == 1
 
 
 def test_an_edited_amount_is_what_runs_and_what_the_model_sees(stack: IsolatedStack) -> None:
@@ -214,7 +226,9 @@ def test_a_cancelled_approval_is_a_denial_that_says_so(stack: IsolatedStack) -> 
     assert refunds_for(stack.db_path, "pyd-cancel") == []
 
 
-def test_a_call_approved_outside_countersign_does_not_run(stack: IsolatedStack) -> None:
+def test_a_call_approved_outside_countersign_does_not_run(own_stack: IsolatedStack) -> None:
+    # Its own stack: the call has no run id of Countersign's, so "nobody was asked" is the whole outbox.
+    stack = own_stack
     order = new_order(stack.db_path, 90000)
     invocation = stack.ingress.send("PydanticByHand", None, "approve_all", {"calls": [refund(order, "800.00")]})
     failed = stack.ingress.wait_invocation(invocation, timeout=60)
@@ -230,7 +244,8 @@ def statuses(stack: IsolatedStack, key: str) -> set[str]:
 
 
 @pytest.mark.slow
-def test_kill9_of_the_handler_while_pending_then_approve_runs_the_effect_once(stack: IsolatedStack) -> None:
+def test_kill9_of_the_handler_while_pending_then_approve_runs_the_effect_once(own_stack: IsolatedStack) -> None:
+    stack = own_stack
     order = new_order(stack.db_path, 100000)
     start(stack, "pyd-kill", [refund(order, "800.00")])
     [mail] = wait_for_email(stack.outbox_dir, "pyd-kill")
