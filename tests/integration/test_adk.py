@@ -11,7 +11,6 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,15 +30,30 @@ SERVICES = "examples.adk_agent.agent:services,tests.support.adk_wiring:served"
 """The example, and the miswired agents beside it."""
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def fake() -> Iterator[oai.OpenAIFake]:
+    """One fake for the module: each test's model is named after its run, so each has its own script
+    and `fake.seen(run_id)` is that test's traffic only."""
     with running(oai.OpenAIFake()) as server:
         yield server
 
 
+@pytest.fixture(scope="module")
+def module_stack_app_env(fake: oai.OpenAIFake, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The app's settings (conftest's `module_stack`, and `own_stack`): the desk's, its model at the fake."""
+    return desk_env(fake, tmp_path_factory.mktemp("adk-desk"), SERVICES)
+
+
 @pytest.fixture()
-def stack(isolated_stack: StackFactory, fake: oai.OpenAIFake, tmp_path: Path) -> IsolatedStack:
-    return isolated_stack(app_env=desk_env(fake, tmp_path, SERVICES))
+def stack(module_stack: IsolatedStack) -> IsolatedStack:
+    """The module's stack: each test runs under a run id (and orders) of its own."""
+    return module_stack
+
+
+@pytest.fixture()
+def own_stack(isolated_stack: StackFactory, module_stack_app_env: dict[str, str]) -> IsolatedStack:
+    """A stack of the test's own, with the same settings, for a test that kills its app."""
+    return isolated_stack(app_env=module_stack_app_env)
 
 
 def start(stack: IsolatedStack, fake: oai.OpenAIFake, run_id: str, *calls: tuple[str, dict[str, Any]]) -> str:
@@ -186,8 +200,9 @@ def agent_statuses(stack: IsolatedStack) -> set[str]:
 
 @pytest.mark.slow
 def test_kill9_of_the_handler_while_pending_then_approve_runs_the_refund_once(
-    stack: IsolatedStack, fake: oai.OpenAIFake, run_id: str
+    own_stack: IsolatedStack, fake: oai.OpenAIFake, run_id: str
 ) -> None:
+    stack = own_stack
     order = new_order(stack.db_path, 90000)
     invocation = start(stack, fake, run_id, ("issue_refund", refund_args(order, "800.00")))
     [mail] = wait_for_email(stack.outbox_dir, run_id)
