@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,29 +20,42 @@ from support.business import new_order, refunds_for
 from support.processes import REPO, IsolatedStack, StackFactory, parked, wait_until
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def fake() -> Iterator[oai.OpenAIFake]:
+    """One fake for the module: each test's model is named after its run, so each has its own script
+    and `fake.seen(run_id)` is that test's traffic only."""
     with running(oai.OpenAIFake()) as server:
         yield server
 
 
-@pytest.fixture()
-def stack(isolated_stack: StackFactory, fake: oai.OpenAIFake, tmp_path: Path) -> IsolatedStack:
-    policy = tmp_path / "policy.toml"
+@pytest.fixture(scope="module")
+def module_stack_app_env(fake: oai.OpenAIFake, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The app's settings (conftest's `module_stack`, and `own_stack`): the example, its model at the fake."""
+    policy = tmp_path_factory.mktemp("openai-agents") / "policy.toml"
     # Refunds over $10 need a person (the code says $500); the example's SDK callable asks over $100.
     policy.write_text(
         '[tools.email_customer]\ndeadline_seconds = 2\n\n[tools.issue_refund]\nwhen = "amount_usd > 10.0"\n'
     )
-    return isolated_stack(
-        app_env={
-            "COUNTERSIGN_SERVICES": "examples.openai_agents.agent:services",
-            "PYTHONPATH": str(REPO),
-            "APPROVALS_POLICY_FILE": str(policy),
-            "OPENAI_API_KEY": oai.API_KEY,
-            "OPENAI_BASE_URL": fake.base_url,
-            "OPENAI_AGENTS_DISABLE_TRACING": "1",
-        }
-    )
+    return {
+        "COUNTERSIGN_SERVICES": "examples.openai_agents.agent:services",
+        "PYTHONPATH": str(REPO),
+        "APPROVALS_POLICY_FILE": str(policy),
+        "OPENAI_API_KEY": oai.API_KEY,
+        "OPENAI_BASE_URL": fake.base_url,
+        "OPENAI_AGENTS_DISABLE_TRACING": "1",
+    }
+
+
+@pytest.fixture()
+def stack(module_stack: IsolatedStack) -> IsolatedStack:
+    """The module's stack: each test runs under a run id (and orders) of its own."""
+    return module_stack
+
+
+@pytest.fixture()
+def own_stack(isolated_stack: StackFactory, module_stack_app_env: dict[str, str]) -> IsolatedStack:
+    """A stack of the test's own, with the same settings, for a test that kills its app."""
+    return isolated_stack(app_env=module_stack_app_env)
 
 
 def echo_tool_result(model: str) -> Any:
@@ -207,8 +219,9 @@ def agent_statuses(stack: IsolatedStack) -> set[str]:
 
 @pytest.mark.slow
 def test_kill9_of_the_handler_while_pending_then_approve_runs_the_tool_once(
-    stack: IsolatedStack, fake: oai.OpenAIFake, run_id: str
+    own_stack: IsolatedStack, fake: oai.OpenAIFake, run_id: str
 ) -> None:
+    stack = own_stack
     order = new_order(stack.db_path, 90000)
     invocation = start(stack, fake, run_id, ("issue_refund", refund_args(order, "800.00")))
     [mail] = wait_for_email(stack.outbox_dir, run_id)
