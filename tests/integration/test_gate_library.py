@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import textwrap
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ class Ask(BaseModel):
     tool: str
     args: dict[str, Any]
     index: int | None = None
+    requester: str = "alice@example.com"
 
 
 desk = restate.VirtualObject("RefundDesk")
@@ -48,7 +48,7 @@ async def act(ctx: restate.ObjectContext, ask: Ask) -> dict[str, Any]:
         ctx,
         tool=ask.tool,
         args=ask.args,
-        requester="alice@example.com",
+        requester=ask.requester,
         run_id=ask.run_id,
         index=ask.index,
         why="asked by the desk",
@@ -62,9 +62,7 @@ checker = restate.Service("RefundCheck")
 
 @checker.handler()
 async def ask(ctx: restate.Context, ask: Ask) -> dict[str, Any]:
-    outcome = await request_approval(
-        ctx, tool=ask.tool, args=ask.args, requester="alice@example.com", run_id=ask.run_id
-    )
+    outcome = await request_approval(ctx, tool=ask.tool, args=ask.args, requester=ask.requester, run_id=ask.run_id)
     return outcome.model_dump(mode="json")
 
 
@@ -116,15 +114,27 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def module_stack_app_env(project: Path) -> dict[str, str]:
+    """The app's settings (conftest's `module_stack`, and `own_stack`): the user's handlers and policy."""
+    return {
+        "COUNTERSIGN_SERVICES": "myshop.agents:served",
+        "PYTHONPATH": str(project),
+        "APPROVALS_POLICY_FILE": str(project / "policy.toml"),
+    }
+
+
 @pytest.fixture()
-def stack(isolated_stack: StackFactory, project: Path) -> Iterator[IsolatedStack]:
-    yield isolated_stack(
-        app_env={
-            "COUNTERSIGN_SERVICES": "myshop.agents:served",
-            "PYTHONPATH": str(project),
-            "APPROVALS_POLICY_FILE": str(project / "policy.toml"),
-        }
-    )
+def stack(module_stack: IsolatedStack) -> IsolatedStack:
+    """The module's stack: each test asks under run ids, object keys and orders of its own."""
+    return module_stack
+
+
+@pytest.fixture()
+def own_stack(isolated_stack: StackFactory, module_stack_app_env: dict[str, str]) -> IsolatedStack:
+    """A stack of the test's own, with the same settings: for a test that kills its app, or that acts
+    on (and checks) every approval waiting in the stack."""
+    return isolated_stack(app_env=module_stack_app_env)
 
 
 def refund(order: int, amount: str) -> dict[str, Any]:
@@ -157,7 +167,8 @@ def test_a_virtual_object_gates_a_refund_and_the_approved_one_runs_once(stack: I
     assert status["approvals"][0]["state"] == "approved" and status["history"][0]["outcome"] == "approved"
 
 
-def test_kill9_of_the_handler_while_a_virtual_objects_approval_waits_then_approve(stack: IsolatedStack) -> None:
+def test_kill9_of_the_handler_while_a_virtual_objects_approval_waits_then_approve(own_stack: IsolatedStack) -> None:
+    stack = own_stack
     order = new_order(stack.db_path, 90000)
     ask = {"run_id": "desk-9", "tool": "issue_refund", "args": refund(order, "700.00")}
     invocation = stack.ingress.send("RefundDesk", "customer-9", "act", ask)
@@ -280,16 +291,17 @@ def test_bad_input_to_the_gate_is_a_clear_answer_not_a_stuck_invocation(stack: I
 def test_a_tool_object_is_gated_as_the_loaded_tool_and_one_not_loaded_is_a_400(stack: IsolatedStack) -> None:
     order = new_order(stack.db_path, 90000)
     looked_up = raw_call("gated_call", "object-1", tool="lookup_order", args={"order_id": order}, as_object=True)
-    record = stack.ingress.wait_invocation(stack.ingress.send("RawGate", None, "call", looked_up))
+    sent = [stack.ingress.send("RawGate", None, "call", looked_up)]
+    record = stack.ingress.wait_invocation(sent[-1])
     assert record.status_code == 200 and record.json()["outcome"] == "autonomous", record.text
     assert record.json()["result"]["order_id"] == order
     for call in ("gated_call", "request_approval"):
         stray = raw_call(call, f"object-{call}", tool="stray", args={}, as_object=True)
-        refused = stack.ingress.wait_invocation(stack.ingress.send("RawGate", None, "call", stray))
+        sent.append(stack.ingress.send("RawGate", None, "call", stray))
+        refused = stack.ingress.wait_invocation(sent[-1])
         assert refused.status_code == 400, refused.text
         assert refused.json()["message"].startswith("tool 'stray' is not loaded (loaded: delete_customer, ")
-    statuses = {row["status"] for row in stack.restate.invocation_statuses("RawGate")}
-    assert statuses == {"completed"}, "each ended at once, none backing off"
+    assert raw_statuses(stack, sent) == {"completed"}, "each ended at once, none backing off"
 
 
 def test_a_placement_no_link_can_carry_is_a_400_before_anything_is_sent(stack: IsolatedStack) -> None:
@@ -306,15 +318,15 @@ def test_a_placement_no_link_can_carry_is_a_400_before_anything_is_sent(stack: I
         (raw_call("request_approval", "f" * (links.MAX_RUN_ID + 1), **refund_at), "run_id"),
         (raw_call("plan", "far 5", plan=plan), "run_id"),
     ]
-    said = []
+    said, sent = [], []
     for ask, named in beyond:
-        refused = stack.ingress.wait_invocation(stack.ingress.send("RawGate", None, "call", ask))
+        sent.append(stack.ingress.send("RawGate", None, "call", ask))
+        refused = stack.ingress.wait_invocation(sent[-1])
         assert refused.status_code == 400, (ask, refused.text)
         said.append(refused.json()["message"])
         assert said[-1].startswith(named), said[-1]
     assert f"index must be from 0 to {links.MAX_INDEX}" in said[0]
-    statuses = {row["status"] for row in stack.restate.invocation_statuses("RawGate")}
-    assert statuses == {"completed"}, "each ended at once, none backing off"
+    assert raw_statuses(stack, sent) == {"completed"}, "each ended at once, none backing off"
     assert not list(stack.outbox_dir.glob("*far*")), "nobody was asked"
     assert stack.ingress.call("Approval", "far-1-a100000000000000000000", "status", None).json()["phase"] == "unknown"
     # The highest index a link carries is asked, and its link opens the page.
@@ -374,9 +386,10 @@ def test_arguments_of_the_wrong_shape_are_an_invalid_outcome_a_handler_can_retur
         "shape-4": raw_call("gated_call", "shape-4", tool="issue_refund", args={"order_id": nested}),
         "shape-5": raw_call("request_approval", "shape-5", tool="issue_refund", args={"order_id": "x"}),
     }
-    answers = {}
+    answers, sent = {}, []
     for run, ask in asks.items():
-        answer = stack.ingress.wait_invocation(stack.ingress.send("RawGate", None, "call", ask), timeout=20)
+        sent.append(stack.ingress.send("RawGate", None, "call", ask))
+        answer = stack.ingress.wait_invocation(sent[-1], timeout=20)
         assert answer.status_code == 200, (run, answer.text)
         answers[run] = answer.json()
     for run in ("shape-1", "shape-3", "shape-5"):
@@ -386,8 +399,15 @@ def test_arguments_of_the_wrong_shape_are_an_invalid_outcome_a_handler_can_retur
     assert "not list" in answers["shape-1"]["reason"] and "not list" in answers["shape-2"]["result"]["error"]
     assert "order_id" in answers["shape-3"]["reason"] and "order_id" in answers["shape-4"]["result"]["error"]
     assert [answers[run]["proposed_args"] for run in asks] == [{}, {}, {}, {}, {"order_id": "x"}]
-    assert {row["status"] for row in stack.restate.invocation_statuses("RawGate")} == {"completed"}
+    assert raw_statuses(stack, sent) == {"completed"}
     assert refunds_for(stack.db_path, "shape-2") == [] and not list(stack.outbox_dir.glob("*shape*"))
+
+
+def raw_statuses(stack: IsolatedStack, invocations: list[str]) -> set[str]:
+    """The statuses of these invocations of `RawGate` (the module's stack holds other tests' too)."""
+    rows = {row["id"]: row["status"] for row in stack.restate.invocation_statuses("RawGate")}
+    assert set(invocations) <= rows.keys(), "each invocation is listed"
+    return {rows[invocation] for invocation in invocations}
 
 
 def saved_status(stack: IsolatedStack, approval_id: str) -> dict[str, Any]:
@@ -451,9 +471,11 @@ def test_a_cancel_that_races_the_request_cancels_it_and_names_who_asked(stack: I
     assert ends == [("ops-lead", "cancelled")]
 
 
-def test_an_operator_shows_and_cancels_the_approvals_a_users_handler_asked(stack: IsolatedStack) -> None:
+def test_an_operator_shows_and_cancels_the_approvals_a_users_handler_asked(own_stack: IsolatedStack) -> None:
     """`pending` lists them by approval id; `show` and `cancel` take that id (no run of AgentRun holds
     them), and `cancel --older-than` reaches them too. The user's handler hears `cancelled`."""
+    # Its own stack: `cancel --older-than` cancels, and `pending` lists, every approval waiting there.
+    stack = own_stack
     asked = {}
     for run in ("ops-1", "ops-2"):
         order = new_order(stack.db_path, 90000)
