@@ -11,7 +11,6 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,10 @@ max_uses = 1
 same = ["customer_id"]
 """
 GRANTOR = "finance@example.com"
+ALICE = "alice@example.com"
+"""The requester of the tests on a stack of their own. A grant covers the calls of one tool for one
+requester, and a call not covered is told why the last live grant under that key missed it: so each
+test on the module's stack asks for a requester of its own (and lists only its grants)."""
 
 
 @pytest.fixture(scope="module")
@@ -66,24 +69,42 @@ def _env(project: Path, **more: str) -> dict[str, str]:
     }
 
 
+@pytest.fixture(scope="module")
+def module_stack_app_env(project: Path) -> dict[str, str]:
+    """The app's settings (conftest's `module_stack`): the user's handlers and the grants policy."""
+    return _env(project)
+
+
 @pytest.fixture()
-def stack(isolated_stack: StackFactory, project: Path) -> Iterator[IsolatedStack]:
-    yield isolated_stack(app_env=_env(project))
+def stack(module_stack: IsolatedStack) -> IsolatedStack:
+    """The module's stack: each test asks under run ids, object keys, orders and a requester of its own."""
+    return module_stack
 
 
-def _act(stack: IsolatedStack, run_id: str, order: int, amount: str, customer: str = "c-1") -> str:
-    ask = {"run_id": run_id, "tool": "issue_refund", "args": refund(order, amount), "index": 0}
-    return stack.ingress.send("RefundDesk", customer, "act", ask)
+@pytest.fixture()
+def own_stack(isolated_stack: StackFactory, project: Path) -> IsolatedStack:
+    """A stack of the test's own, with the same settings: for a test that checks tool-wide figures or
+    an approver's whole inbox page."""
+    return isolated_stack(app_env=_env(project))
 
 
-def _grant_first(stack: IsolatedStack, run_id: str, order: int, seconds: str = "3600") -> dict[str, Any]:
+def _act(stack: IsolatedStack, run_id: str, order: int, amount: str, customer: str = "", requester: str = ALICE) -> str:
+    """Ask at the desk `customer` (a Virtual Object: one call at a time per key; by default the
+    requester's own desk, so a call another test left waiting there holds up none of this test's)."""
+    ask = {"run_id": run_id, "tool": "issue_refund", "args": refund(order, amount), "index": 0, "requester": requester}
+    return stack.ingress.send("RefundDesk", customer or f"c-{requester}", "act", ask)
+
+
+def _grant_first(
+    stack: IsolatedStack, run_id: str, order: int, seconds: str = "3600", requester: str = ALICE
+) -> dict[str, Any]:
     """A refund of $800 approved with a standing approval for `seconds`: its record."""
-    invocation = _act(stack, run_id, order, "800.00")
+    invocation = _act(stack, run_id, order, "800.00", requester=requester)
     [mail] = wait_for_email(stack.outbox_dir, run_id)
     page = open_page(mail.link)
     assert page.status_code == 200 and 'name="grant"' in page.text
     # The scope in plain words, before the approver confirms.
-    assert "Calls of issue_refund asked for alice@example.com with order_id = " in page.text
+    assert f"Calls of issue_refund asked for {requester} with order_id = " in page.text
     assert "amount_usd ≤ 800.00" in page.text and "at most 2 calls" in page.text
     assert submit(mail.link, "approve", grant=seconds).status_code == 200
     record: dict[str, Any] = stack.ingress.wait_invocation(invocation).json()
@@ -91,11 +112,12 @@ def _grant_first(stack: IsolatedStack, run_id: str, order: int, seconds: str = "
     return record
 
 
-def _grants(stack: IsolatedStack) -> list[dict[str, Any]]:
+def _grants(stack: IsolatedStack, requester: str | None = None) -> list[dict[str, Any]]:
+    """Every grant on the stack, or (on the module's stack) those given for `requester`'s calls."""
     done = cli(stack.restate, "grants", "list", "--json")
     assert done.returncode == 0, done.stderr
     rows: list[dict[str, Any]] = json.loads(done.stdout)
-    return rows
+    return [row for row in rows if requester is None or row["scope_value"] == requester]
 
 
 def _audit(stack: IsolatedStack, approval_id: str, kind: str) -> dict[str, Any] | None:
@@ -104,7 +126,9 @@ def _audit(stack: IsolatedStack, approval_id: str, kind: str) -> dict[str, Any] 
     return found[0] if found else None
 
 
-def test_a_grant_lets_the_next_similar_call_run_alone_once_with_its_audit_entry(stack: IsolatedStack) -> None:
+def test_a_grant_lets_the_next_similar_call_run_alone_once_with_its_audit_entry(own_stack: IsolatedStack) -> None:
+    # Its own stack: it checks the tool's trust and fatigue figures, which count every call of the tool.
+    stack = own_stack
     order = new_order(stack.db_path, 300000)
     _grant_first(stack, "sa-1", order)
     [grant] = _grants(stack)
@@ -185,11 +209,12 @@ def test_fatigue_counts_grant_uses_apart_from_decisions() -> None:
 
 
 def test_the_use_limit_holds_under_concurrent_calls(stack: IsolatedStack) -> None:
+    who = "sc@example.com"
     order = new_order(stack.db_path, 900000)
-    _grant_first(stack, "sc-0", order)
+    _grant_first(stack, "sc-0", order, requester=who)
     runs = [f"sc-{n}" for n in range(1, 6)]
     with ThreadPoolExecutor(len(runs)) as pool:
-        invocations = list(pool.map(lambda r: _act(stack, r, order, "550.00", customer=f"k-{r}"), runs))
+        invocations = list(pool.map(lambda r: _act(stack, r, order, "550.00", f"k-{r}", who), runs))
     granted = []
     for run, invocation in zip(runs, invocations, strict=True):
         with contextlib.suppress(TimeoutError):
@@ -201,40 +226,43 @@ def test_the_use_limit_holds_under_concurrent_calls(stack: IsolatedStack) -> Non
     for run in asked:
         [mail] = wait_for_email(stack.outbox_dir, run)
         assert "was used 2 of 2 times" in mail.text
-    [grant] = _grants(stack)
+    [grant] = _grants(stack, who)
     assert grant["uses"] == "2/2" and sorted(grant["used_by"]) == sorted(f"{r}/0" for r in granted)
     assert grant["state"] == "used up"
 
 
 def test_an_expired_grant_covers_nothing(stack: IsolatedStack) -> None:
+    who = "se@example.com"
     order = new_order(stack.db_path, 300000)
-    _grant_first(stack, "se-1", order, seconds="2")
-    [grant] = _grants(stack)
+    _grant_first(stack, "se-1", order, seconds="2", requester=who)
+    [grant] = _grants(stack, who)
     wait_until(lambda: time.time() > grant["expires_at"] + 0.5 or None, 10, "the grant's expiry")
-    _act(stack, "se-2", order, "600.00")
+    _act(stack, "se-2", order, "600.00", requester=who)
     [mail] = wait_for_email(stack.outbox_dir, "se-2")
     assert "standing approval g-se-1-a0 expired" in mail.text
-    assert _grants(stack)[0]["state"] == "expired" and _grants(stack)[0]["uses"] == "0/2"
+    assert _grants(stack, who)[0]["state"] == "expired" and _grants(stack, who)[0]["uses"] == "0/2"
 
 
 def test_a_revoked_grant_covers_nothing(stack: IsolatedStack) -> None:
+    who = "sr@example.com"
     order = new_order(stack.db_path, 300000)
-    _grant_first(stack, "sr-1", order)
+    _grant_first(stack, "sr-1", order, requester=who)
     done = cli(stack.restate, "grants", "revoke", "g-sr-1-a0", "--by", "cli:ops", "--json")
     assert done.returncode == 0, done.stderr
     assert '"revoked_by": "cli:ops"' in done.stdout
-    _act(stack, "sr-2", order, "600.00")
+    _act(stack, "sr-2", order, "600.00", requester=who)
     [mail] = wait_for_email(stack.outbox_dir, "sr-2")
     assert "standing approval g-sr-1-a0 was revoked by cli:ops" in mail.text
-    [grant] = _grants(stack)
+    [grant] = _grants(stack, who)
     assert grant["state"] == "revoked" and grant["uses"] == "0/2"
     unknown = cli(stack.restate, "grants", "revoke", "g-nothing")
     assert unknown.returncode == 1 and "no standing approval 'g-nothing'" in unknown.stderr
 
 
 def test_the_receipt_emails_link_revokes_the_grant_on_post_only(stack: IsolatedStack) -> None:
+    who = "sl@example.com"
     order = new_order(stack.db_path, 300000)
-    _grant_first(stack, "sl-1", order)
+    _grant_first(stack, "sl-1", order, requester=who)
     [receipt] = wait_for_email(stack.outbox_dir, "sl-1", kind="grant")
     assert receipt.message["To"] == GRANTOR and "Standing approval given: issue_refund" in receipt.message["Subject"]
     assert "at most 2 calls" in receipt.text and "g-sl-1-a0" in receipt.text
@@ -245,22 +273,24 @@ def test_the_receipt_emails_link_revokes_the_grant_on_post_only(stack: IsolatedS
         and "Live: issue_refund" in shown.text
         and "Revoke this standing approval" in shown.text
     )
-    assert _grants(stack)[0]["state"] == "live", "opening the link (GET) changes nothing"
+    assert _grants(stack, who)[0]["state"] == "live", "opening the link (GET) changes nothing"
     # A POST from elsewhere (no CSRF value, another origin) revokes nothing.
     forged = httpx.post(link, data={"revoke": "yes"}, headers={"Origin": "https://evil.example"}, timeout=30)
-    assert forged.status_code == 403 and _grants(stack)[0]["state"] == "live"
+    assert forged.status_code == 403 and _grants(stack, who)[0]["state"] == "live"
     revoked = submit_form(link, {"revoke": "yes"})
     assert revoked.status_code == 200 and "Revoked: issue_refund" in revoked.text
-    [grant] = _grants(stack)
+    [grant] = _grants(stack, who)
     assert grant["state"] == "revoked" and grant["revoked_by"] == GRANTOR
-    _act(stack, "sl-2", order, "600.00")
+    _act(stack, "sl-2", order, "600.00", requester=who)
     [mail] = wait_for_email(stack.outbox_dir, "sl-2")
     assert f"standing approval g-sl-1-a0 was revoked by {GRANTOR}" in mail.text
     tampered = link[:-3] + ("AAA" if not link.endswith("AAA") else "BBB")
     assert open_page(tampered).status_code == 403
 
 
-def test_the_approvers_inbox_page_lists_the_live_grant_and_revokes_it(stack: IsolatedStack) -> None:
+def test_the_approvers_inbox_page_lists_the_live_grant_and_revokes_it(own_stack: IsolatedStack) -> None:
+    # Its own stack: the approver's inbox page lists every grant they gave, from any test.
+    stack = own_stack
     order = new_order(stack.db_path, 300000)
     _grant_first(stack, "si-1", order)
     [request] = wait_for_email(stack.outbox_dir, "si-1")
@@ -279,8 +309,9 @@ def test_the_approvers_inbox_page_lists_the_live_grant_and_revokes_it(stack: Iso
 
 
 def test_a_forged_grant_field_is_refused_and_grants_nothing(stack: IsolatedStack) -> None:
+    who = "sf@example.com"
     order = new_order(stack.db_path, 300000)
-    _act(stack, "sf-1", order, "800.00")
+    _act(stack, "sf-1", order, "800.00", requester=who)
     [mail] = wait_for_email(stack.outbox_dir, "sf-1")
     csrf = form_csrf(mail.link)
     for forged, said in (
@@ -293,38 +324,39 @@ def test_a_forged_grant_field_is_refused_and_grants_nothing(stack: IsolatedStack
     refused = submit(mail.link, "reject", reason="no", csrf=csrf, grant="3600")
     assert refused.status_code == 400 and "goes with an approval" in refused.text
     assert stack.ingress.call("Approval", "sf-1-a0", "status", None).json()["pending"], "still pending"
-    assert _grants(stack) == []
+    assert _grants(stack, who) == []
 
     # A tool whose policy offers no grant (a quorum tool): the page shows none, a forged field is refused.
     new_order(stack.db_path, 100, customer_id="c_23")
     args = {"customer_id": "c_23", "reason": "asked to be forgotten"}
-    ask = {"run_id": "sf-2", "tool": "delete_customer", "args": args, "index": 0}
+    ask = {"run_id": "sf-2", "tool": "delete_customer", "args": args, "index": 0, "requester": who}
     stack.ingress.send("RefundDesk", "c-9", "act", ask)
     [mail, _] = wait_for_email(stack.outbox_dir, "sf-2", count=2)
     assert 'name="grant"' not in open_page(mail.link).text
     refused = submit(mail.link, "approve", confirm="c_23", grant="3600")
     assert refused.status_code == 400 and "offers no standing approval" in refused.text
     assert stack.ingress.call("Approval", "sf-2-a0", "status", None).json()["pending"], "still pending"
-    assert _grants(stack) == []
+    assert _grants(stack, who) == []
 
 
 def test_a_grant_given_with_a_reviewed_edit_is_carried_through_the_review(stack: IsolatedStack) -> None:
     """An edit of a long text is shown as a diff for review first: the grant picked on the page is
     carried through the review's own form, and given only when that form decides."""
+    who = "sv@example.com"
     args = {"customer_id": "c_17", "subject": "Sorry", "body": "We are sorry.\nIt was late."}
-    ask = {"run_id": "sv-1", "tool": "email_customer", "args": args, "index": 0}
+    ask = {"run_id": "sv-1", "tool": "email_customer", "args": args, "index": 0, "requester": who}
     invocation = stack.ingress.send("RefundDesk", "c-17", "act", ask)
     [mail] = wait_for_email(stack.outbox_dir, "sv-1")
     review = submit(mail.link, "approve", edits={"body": "We are sorry.\nIt was very late."}, grant="1800")
     assert review.status_code == 200 and 'name="grant" value="1800"' in review.text
-    assert _grants(stack) == [], "nothing is decided before the review's own form"
+    assert _grants(stack, who) == [], "nothing is decided before the review's own form"
     fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', review.text))
     parts = urlsplit(mail.link)
     headers = {"Origin": f"{parts.scheme}://{parts.netloc}"}
     decided = httpx.post(mail.link, data={**fields, "verdict": "approve"}, headers=headers, timeout=30)
     assert decided.status_code == 200, decided.text[-400:]
     assert stack.ingress.wait_invocation(invocation).json()["outcome"] == "approved_with_edits"
-    [grant] = _grants(stack)
+    [grant] = _grants(stack, who)
     assert grant["grant_id"] == "g-sv-1-a0" and grant["same"] == {"customer_id": "c_17"}
     assert grant["expires_at"] - grant["granted_at"] == 1800
 
@@ -375,11 +407,12 @@ def test_webhooks_hear_a_grant_given_used_and_revoked(isolated_stack: StackFacto
 def test_an_agent_runs_call_is_covered_through_the_same_gate(stack: IsolatedStack) -> None:
     """AgentRun routes its model's calls through the same path: the grant an approver gave in one
     run covers a similar call in the next, and a call above the bound is asked."""
+    who = "sg@example.com"
     order = new_order(stack.db_path, 300000)
 
     def task(*amounts: str) -> dict[str, Any]:
         calls = [{"tool": "issue_refund", "args": refund(order, a)} for a in amounts]
-        return {"goal": "refunds", "requester": "alice@example.com", "script": calls}
+        return {"goal": "refunds", "requester": who, "script": calls}
 
     stack.ingress.start_run("sg-1", task("800.00"))
     [mail] = wait_for_email(stack.outbox_dir, "sg-1")
@@ -395,16 +428,16 @@ def test_an_agent_runs_call_is_covered_through_the_same_gate(stack: IsolatedStac
     assert refunds_for(stack.db_path, "sg-2") == [("sg-2/0", order, 70000), ("sg-2/1", order, 90000)]
     entry = wait_until(lambda: _audit(stack, "sg-2-a0", "granted"), 20, "the granted call's audit entry")
     assert entry["details"]["grant_id"] == "g-sg-1-a0"
-    [grant] = _grants(stack)
+    [grant] = _grants(stack, who)
     assert grant["used_by"] == ["sg-2/0"]
 
 
 def test_request_approval_reports_a_covered_call_as_granted(stack: IsolatedStack) -> None:
+    who = "sq@example.com"
     order = new_order(stack.db_path, 300000)
-    _grant_first(stack, "sq-1", order)
-    checked = stack.ingress.send(
-        "RefundCheck", None, "ask", {"run_id": "sq-2", "tool": "issue_refund", "args": refund(order, "800.00")}
-    )
+    _grant_first(stack, "sq-1", order, requester=who)
+    ask = {"run_id": "sq-2", "tool": "issue_refund", "args": refund(order, "800.00"), "requester": who}
+    checked = stack.ingress.send("RefundCheck", None, "ask", ask)
     outcome = stack.ingress.wait_invocation(checked).json()
     assert outcome["verdict"] == "granted" and outcome["approved_by"] == [GRANTOR]
     assert outcome["args"]["amount_usd"] == "800.00" and outcome["decision_source"] == "grant"
@@ -412,15 +445,16 @@ def test_request_approval_reports_a_covered_call_as_granted(stack: IsolatedStack
 
 
 def test_the_page_without_a_grant_gives_none(stack: IsolatedStack) -> None:
+    who = "sn@example.com"
     order = new_order(stack.db_path, 300000)
-    first = _act(stack, "sn-1", order, "800.00")
+    first = _act(stack, "sn-1", order, "800.00", requester=who)
     [mail] = wait_for_email(stack.outbox_dir, "sn-1")
     assert submit(mail.link, "approve").status_code == 200
     assert stack.ingress.wait_invocation(first).json()["outcome"] == "approved"
-    _act(stack, "sn-2", order, "600.00")
+    _act(stack, "sn-2", order, "600.00", requester=who)
     [mail] = wait_for_email(stack.outbox_dir, "sn-2")
     assert "standing approval" not in mail.text
-    assert _grants(stack) == []
+    assert _grants(stack, who) == []
 
 
 @pytest.mark.parametrize(
