@@ -12,7 +12,6 @@ import sys
 import textwrap
 import tomllib
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -72,19 +71,33 @@ served = [desk]
 """
 
 
+@pytest.fixture(scope="module")
+def module_stack_app_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The app's settings (conftest's `module_stack`, and `own_stack`): the checkpoint policy and the
+    user's handler."""
+    root = tmp_path_factory.mktemp("project")
+    (root / "policy.toml").write_text(POLICY)
+    (root / "mydesk").mkdir()
+    (root / "mydesk" / "__init__.py").write_text("")
+    (root / "mydesk" / "agents.py").write_text(textwrap.dedent(USER_MODULE))
+    return {
+        "APPROVALS_POLICY_FILE": str(root / "policy.toml"),
+        "COUNTERSIGN_SERVICES": "mydesk.agents:served",
+        "PYTHONPATH": str(root),
+    }
+
+
 @pytest.fixture()
-def stack(isolated_stack: StackFactory, tmp_path: Path) -> IsolatedStack:
-    (tmp_path / "policy.toml").write_text(POLICY)
-    (tmp_path / "mydesk").mkdir()
-    (tmp_path / "mydesk" / "__init__.py").write_text("")
-    (tmp_path / "mydesk" / "agents.py").write_text(textwrap.dedent(USER_MODULE))
-    return isolated_stack(
-        app_env={
-            "APPROVALS_POLICY_FILE": str(tmp_path / "policy.toml"),
-            "COUNTERSIGN_SERVICES": "mydesk.agents:served",
-            "PYTHONPATH": str(tmp_path),
-        }
-    )
+def stack(module_stack: IsolatedStack) -> IsolatedStack:
+    """The module's stack: each test runs under run ids and orders of its own."""
+    return module_stack
+
+
+@pytest.fixture()
+def own_stack(isolated_stack: StackFactory, module_stack_app_env: dict[str, str]) -> IsolatedStack:
+    """A stack of the test's own, with the same settings: for a test that checks the tool's trust
+    figures (which count every call of issue_refund on the stack), or that kills its app."""
+    return isolated_stack(app_env=module_stack_app_env)
 
 
 def refund_task(order: int, amount: str, confidence: float | None) -> dict[str, Any]:
@@ -115,7 +128,9 @@ def counted(stack: IsolatedStack, kind: str, total: int) -> dict[str, Any]:
     return wait_until(ready, 20, f"the trust figures to count {total} {kind} trigger(s)")
 
 
-def test_low_confidence_stops_a_refund_the_policy_lets_run_alone(stack: IsolatedStack, run_id: str) -> None:
+def test_low_confidence_stops_a_refund_the_policy_lets_run_alone(own_stack: IsolatedStack, run_id: str) -> None:
+    # Its own stack: it checks the tool's trust figures, which count every checkpoint on the stack.
+    stack = own_stack
     order = new_order(stack.db_path, 12000)
     assert stack.ingress.start_run(run_id, refund_task(order, "120.00", 0.42)).status_code == 202
     [mail] = wait_for_email(stack.outbox_dir, run_id)
@@ -149,7 +164,9 @@ def test_low_confidence_stops_a_refund_the_policy_lets_run_alone(stack: Isolated
     assert row[2:5] == ["1", "0", "1"], "gated 1, approved 0, rejected 1"
 
 
-def test_a_failed_check_stops_a_refund_that_disagrees_with_the_order(stack: IsolatedStack, run_id: str) -> None:
+def test_a_failed_check_stops_a_refund_that_disagrees_with_the_order(own_stack: IsolatedStack, run_id: str) -> None:
+    # Its own stack: it checks the tool's trust figures, which count every checkpoint on the stack.
+    stack = own_stack
     order = new_order(stack.db_path, 45000)
     assert stack.ingress.start_run(run_id, refund_task(order, "300.00", 0.95)).status_code == 202
     [mail] = wait_for_email(stack.outbox_dir, run_id)
@@ -183,7 +200,9 @@ def test_a_sure_consistent_call_runs_alone_and_high_stakes_stay_gated(stack: Iso
     assert [a["outcome"] for a in stack.ingress.wait_output(high).json()["actions"]] == ["autonomous", "approved"]
 
 
-def test_a_users_own_handler_passes_confidence_and_earlier_results(stack: IsolatedStack) -> None:
+def test_a_users_own_handler_passes_confidence_and_earlier_results(own_stack: IsolatedStack) -> None:
+    # Its own stack: it checks the tool's trust figures, which count every checkpoint on the stack.
+    stack = own_stack
     order = new_order(stack.db_path, 8000)
     sure = stack.ingress.send(
         "CheckedDesk", None, "refund", {"run_id": "own-1", "order_id": order, "amount_usd": "80.00", "confidence": 0.9}
@@ -219,7 +238,8 @@ def test_a_refund_of_one_order_on_the_lookup_of_another_is_stopped(stack: Isolat
     assert refunds_for(stack.db_path, "own-3") == []
 
 
-def test_kill9_while_a_confidence_stop_waits_then_approve_runs_once(stack: IsolatedStack, run_id: str) -> None:
+def test_kill9_while_a_confidence_stop_waits_then_approve_runs_once(own_stack: IsolatedStack, run_id: str) -> None:
+    stack = own_stack
     order = new_order(stack.db_path, 12000)
     assert stack.ingress.start_run(run_id, refund_task(order, "120.00", 0.3)).status_code == 202
     [mail] = wait_for_email(stack.outbox_dir, run_id)
