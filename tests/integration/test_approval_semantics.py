@@ -32,6 +32,24 @@ def policy_stack(isolated_stack: StackFactory, tmp_path: Path, toml: str) -> Iso
     return isolated_stack(app_env={"APPROVALS_POLICY_FILE": str(path)})
 
 
+SUPERSEDED_POLICY = '[tools.issue_refund]\non_superseded = "tell_model"\nreminders_seconds = []\n'
+DEADLINE_DEFAULT_POLICY = (
+    '[tools.email_customer]\ndeadline_seconds = 2\nlow_risk = true\ntimeout_outcome = "allow"\n'
+    '[tools.delete_customer]\ndeadline_seconds = 2\ntimeout_outcome = "fail"\n'
+)
+
+
+@pytest.fixture(scope="module")
+def module_stack_app_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The app's settings (conftest's `module_stack`): the policies of the superseded and the deadline
+    default tests, which set tables of different tools (issue_refund; email_customer and
+    delete_customer), so each runs under its own as it did on a stack of its own. The other tests
+    that set a policy set issue_refund's differently, and keep stacks of their own (`policy_stack`)."""
+    path = tmp_path_factory.mktemp("policy") / "policy.toml"
+    path.write_text(SUPERSEDED_POLICY + DEADLINE_DEFAULT_POLICY)
+    return {"APPROVALS_POLICY_FILE": str(path)}
+
+
 def test_edit_before_approve_executes_the_edited_amount_and_tells_the_model(
     app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
 ) -> None:
@@ -172,10 +190,8 @@ def test_world_changed_while_waiting_asks_again_showing_what_changed(
 
 
 @pytest.mark.slow
-def test_superseded_tells_the_model_when_policy_says_so(isolated_stack: StackFactory, tmp_path: Path) -> None:
-    stack = policy_stack(
-        isolated_stack, tmp_path, '[tools.issue_refund]\non_superseded = "tell_model"\nreminders_seconds = []\n'
-    )
+def test_superseded_tells_the_model_when_policy_says_so(module_stack: IsolatedStack) -> None:
+    stack = module_stack  # SUPERSEDED_POLICY
     order = new_order(stack.db_path, 100000)
     stack.ingress.start_run("superseded", task(refund_step(order, "700.00")))
     [mail] = wait_for_email(stack.outbox_dir, "superseded")
@@ -222,15 +238,8 @@ def test_reminders_escalation_and_old_links(isolated_stack: StackFactory, tmp_pa
 
 
 @pytest.mark.slow
-def test_deadline_default_allow_is_labelled_and_fail_stops_the_run(
-    isolated_stack: StackFactory, tmp_path: Path
-) -> None:
-    stack = policy_stack(
-        isolated_stack,
-        tmp_path,
-        '[tools.email_customer]\ndeadline_seconds = 2\nlow_risk = true\ntimeout_outcome = "allow"\n'
-        '[tools.delete_customer]\ndeadline_seconds = 2\ntimeout_outcome = "fail"\n',
-    )
+def test_deadline_default_allow_is_labelled_and_fail_stops_the_run(module_stack: IsolatedStack) -> None:
+    stack = module_stack  # DEADLINE_DEFAULT_POLICY
     mail_step = {"tool": "email_customer", "args": {"customer_id": "c_17", "subject": "Hi", "body": "Your refund."}}
     stack.ingress.start_run("allow", task(mail_step))
     action = stack.ingress.wait_output("allow", timeout=30).json()["actions"][0]
