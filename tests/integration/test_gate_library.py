@@ -327,7 +327,7 @@ def test_a_placement_no_link_can_carry_is_a_400_before_anything_is_sent(stack: I
         assert said[-1].startswith(named), said[-1]
     assert f"index must be from 0 to {links.MAX_INDEX}" in said[0]
     assert raw_statuses(stack, sent) == {"completed"}, "each ended at once, none backing off"
-    assert not list(stack.outbox_dir.glob("*far*")), "nobody was asked"
+    assert not list(stack.outbox_dir.glob("*_far*")), "nobody was asked"
     assert stack.ingress.call("Approval", "far-1-a100000000000000000000", "status", None).json()["phase"] == "unknown"
     # The highest index a link carries is asked, and its link opens the page.
     top = raw_call("request_approval", "far-6", links.MAX_INDEX, **refund_at)
@@ -400,7 +400,7 @@ def test_arguments_of_the_wrong_shape_are_an_invalid_outcome_a_handler_can_retur
     assert "order_id" in answers["shape-3"]["reason"] and "order_id" in answers["shape-4"]["result"]["error"]
     assert [answers[run]["proposed_args"] for run in asks] == [{}, {}, {}, {}, {"order_id": "x"}]
     assert raw_statuses(stack, sent) == {"completed"}
-    assert refunds_for(stack.db_path, "shape-2") == [] and not list(stack.outbox_dir.glob("*shape*"))
+    assert refunds_for(stack.db_path, "shape-2") == [] and not list(stack.outbox_dir.glob("*_shape*"))
 
 
 def raw_statuses(stack: IsolatedStack, invocations: list[str]) -> set[str]:
