@@ -128,7 +128,8 @@ def ask(
 
 def route(answer: Answer, tool: str, plan: ApprovedPlan | None = None) -> Route:
     """The one routing decision for a call, from its answer and the caller's approved plan (if any).
-    Pure but for one thing: a call `inside` the plan is counted against it (`route_call`)."""
+    Pure but for two things: it reads which loaded tool asks a question (`asks_a_person`), and a call
+    `inside` the plan is counted against it (`route_call`)."""
     if answer.error is not None:
         return Route("failed" if answer.failed else "invalid", answer.error)
     if asks_a_person(tool):

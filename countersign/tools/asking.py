@@ -5,8 +5,9 @@ offered to the model with the other loaded tools, its policy (who is asked, when
 reminders, escalation, channels) given in code or by the policy file, and every call answered and
 routed by the gate's one path. Where that path asks a person, the call is asked as a question with
 a typed answer (`countersign.approval.question_calls.ask_with_tool`) and the person's answer is the
-call's result; where it asks nobody (a policy that lets the call run alone, or a run's approved plan
-that lists it), the result says that nobody was asked, so the model never mistakes silence for an answer.
+call's result; where it asks nobody (a policy that lets the call run alone), the result says that
+nobody was asked, so the model never mistakes silence for an answer. A question is not an action: a
+run's approved plan neither bounds nor refuses it (countersign.approval.routing).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ _DESCRIPTION = (
 )
 
 NOBODY_ASKED = (
-    "No person was asked: this call needed nobody's answer (its policy, or the run's approved plan, "
-    "lets it run alone). Decide yourself, or say what you would need to know."
+    "No person was asked: this call needed nobody's answer (its policy lets it run alone). "
+    "Decide yourself, or say what you would need to know."
 )
 
 
