@@ -306,6 +306,14 @@ def module_stack(
 
 
 @pytest.fixture()
+def own_stack(isolated_stack: StackFactory, module_stack_app_env: dict[str, str]) -> IsolatedStack:
+    """A stack of the test's own with the module's settings (`module_stack_app_env`), for a test that
+    kills its app or checks what every test on a shared stack would change (a tool's trust figures,
+    an approver's whole inbox, "nobody was emailed")."""
+    return isolated_stack(app_env=module_stack_app_env)
+
+
+@pytest.fixture()
 def isolated_stack(private_stacks: StackFactory, deployment_protocol: str) -> StackFactory:
     """`private_stacks` registered with this session's deployment protocol (so: run in both modes)."""
     session_http1 = DEPLOYMENT_PROTOCOLS[deployment_protocol]

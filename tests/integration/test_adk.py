@@ -19,7 +19,7 @@ from fakes.fixtures import running
 from support import refund_desk as desk
 from support.approver import form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import REPO, IsolatedStack, StackFactory, parked, wait_until
+from support.processes import REPO, IsolatedStack, parked, wait_until
 from support.refund_desk import WHY, desk_env, finish, refund_args, told
 
 from countersign.contract import ActionRecord, Outcome
@@ -48,12 +48,6 @@ def module_stack_app_env(fake: oai.OpenAIFake, tmp_path_factory: pytest.TempPath
 def stack(module_stack: IsolatedStack) -> IsolatedStack:
     """The module's stack: each test runs under a run id (and orders) of its own."""
     return module_stack
-
-
-@pytest.fixture()
-def own_stack(isolated_stack: StackFactory, module_stack_app_env: dict[str, str]) -> IsolatedStack:
-    """A stack of the test's own, with the same settings, for a test that kills its app."""
-    return isolated_stack(app_env=module_stack_app_env)
 
 
 def start(stack: IsolatedStack, fake: oai.OpenAIFake, run_id: str, *calls: tuple[str, dict[str, Any]]) -> str:

@@ -11,7 +11,7 @@ from urllib.parse import urlencode, urlsplit
 import httpx
 import pytest
 from support.approver import CSRF, approval_emails, form_csrf, open_page, wait_for_email
-from support.processes import IsolatedStack, StackFactory, wait_until
+from support.processes import IsolatedStack, wait_until
 from support.questions import ANSWERED, ANSWERER, QUESTION
 
 ADMIN = "https://admin.example.com"
@@ -31,12 +31,6 @@ MODULE_STACK_APP_ENV = {
 def stack(module_stack: IsolatedStack) -> IsolatedStack:
     """The module's stack: each test asks under run ids of its own."""
     return module_stack
-
-
-@pytest.fixture()
-def own_stack(isolated_stack: StackFactory) -> IsolatedStack:
-    """A stack of the test's own, for a test that kills its app."""
-    return isolated_stack(app_env=MODULE_STACK_APP_ENV)
 
 
 def api(stack: IsolatedStack, link: str, suffix: str = "") -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from support.approver import open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import REPO, IsolatedStack, StackFactory, wait_until
+from support.processes import REPO, IsolatedStack, wait_until
 
 ORDER_CHECK = "args.order_id == results.lookup_order.order_id"
 CHECK = "args.amount_usd == double(results.lookup_order.amount_usd)"
@@ -91,13 +91,6 @@ def module_stack_app_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
 def stack(module_stack: IsolatedStack) -> IsolatedStack:
     """The module's stack: each test runs under run ids and orders of its own."""
     return module_stack
-
-
-@pytest.fixture()
-def own_stack(isolated_stack: StackFactory, module_stack_app_env: dict[str, str]) -> IsolatedStack:
-    """A stack of the test's own, with the same settings: for a test that checks the tool's trust
-    figures (which count every call of issue_refund on the stack), or that kills its app."""
-    return isolated_stack(app_env=module_stack_app_env)
 
 
 def refund_task(order: int, amount: str, confidence: float | None) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from support.approver import approval_emails, form_csrf, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import IsolatedStack, StackFactory, wait_until
+from support.processes import IsolatedStack, wait_until
 from test_operations import cli
 
 from countersign.contract import MAX_GOAL, MAX_WHY
@@ -128,13 +128,6 @@ def module_stack_app_env(project: Path) -> dict[str, str]:
 def stack(module_stack: IsolatedStack) -> IsolatedStack:
     """The module's stack: each test asks under run ids, object keys and orders of its own."""
     return module_stack
-
-
-@pytest.fixture()
-def own_stack(isolated_stack: StackFactory, module_stack_app_env: dict[str, str]) -> IsolatedStack:
-    """A stack of the test's own, with the same settings: for a test that kills its app, or that acts
-    on (and checks) every approval waiting in the stack."""
-    return isolated_stack(app_env=module_stack_app_env)
 
 
 def refund(order: int, amount: str) -> dict[str, Any]:

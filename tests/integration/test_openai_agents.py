@@ -17,7 +17,7 @@ from fakes.fixtures import running
 from fakes.provider import JsonObject, Reply
 from support.approver import form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import REPO, IsolatedStack, StackFactory, parked, wait_until
+from support.processes import REPO, IsolatedStack, parked, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +50,6 @@ def module_stack_app_env(fake: oai.OpenAIFake, tmp_path_factory: pytest.TempPath
 def stack(module_stack: IsolatedStack) -> IsolatedStack:
     """The module's stack: each test runs under a run id (and orders) of its own."""
     return module_stack
-
-
-@pytest.fixture()
-def own_stack(isolated_stack: StackFactory, module_stack_app_env: dict[str, str]) -> IsolatedStack:
-    """A stack of the test's own, with the same settings, for a test that kills its app."""
-    return isolated_stack(app_env=module_stack_app_env)
 
 
 def echo_tool_result(model: str) -> Any:

@@ -122,13 +122,6 @@ def stack(module_stack: IsolatedStack) -> IsolatedStack:
     return module_stack
 
 
-@pytest.fixture()
-def own_stack(isolated_stack: StackFactory, module_stack_app_env: dict[str, str]) -> IsolatedStack:
-    """A stack of the test's own, with the same settings: for a test that kills its app, or that checks
-    that nobody at all was emailed."""
-    return isolated_stack(app_env=module_stack_app_env)
-
-
 def refund(order: int, amount: str) -> dict[str, Any]:
     return {"tool": "issue_refund", "args": {"order_id": order, "amount_usd": amount, "reason": "damaged"}}
 

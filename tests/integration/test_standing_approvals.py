@@ -81,13 +81,6 @@ def stack(module_stack: IsolatedStack) -> IsolatedStack:
     return module_stack
 
 
-@pytest.fixture()
-def own_stack(isolated_stack: StackFactory, project: Path) -> IsolatedStack:
-    """A stack of the test's own, with the same settings: for a test that checks tool-wide figures or
-    an approver's whole inbox page."""
-    return isolated_stack(app_env=_env(project))
-
-
 def _act(stack: IsolatedStack, run_id: str, order: int, amount: str, customer: str = "", requester: str = ALICE) -> str:
     """Ask at the desk `customer` (a Virtual Object: one call at a time per key; by default the
     requester's own desk, so a call another test left waiting there holds up none of this test's)."""
