@@ -16,8 +16,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from countersign.contract import clipped
 from countersign.tools.policy import ToolPolicy
-from countersign.tools.registry import EffectContext, Tool
+from countersign.tools.registry import SUMMARY_LIMIT, EffectContext, Tool
 
 ASK_A_PERSON = "ask_a_person"
 MAX_QUESTION = 2000
@@ -70,8 +71,7 @@ def _nobody_asked(args: AskAPerson, ctx: EffectContext) -> dict[str, Any]:
 
 
 def _summary(args: AskAPerson) -> str:
-    text = f"Question: {args.question}"
-    return text if len(text) <= 200 else text[:199] + "…"
+    return clipped(f"Question: {args.question}", SUMMARY_LIMIT)
 
 
 def ask_a_person_tool(policy: ToolPolicy, *, description: str = _DESCRIPTION) -> Tool:
