@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from support.approver import open_page, submit, wait_for_email
+from support.approver import form_after_restart, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import REPO, IsolatedStack, wait_until
 
@@ -239,7 +239,7 @@ def test_kill9_while_a_confidence_stop_waits_then_approve_runs_once(own_stack: I
     stack.app.kill9()
     stack.app.restart()
     assert "confidence was 0.30 < 0.70" in mail.text
-    assert submit(mail.link, "approve").status_code == 200
+    assert submit(mail.link, "approve", csrf=form_after_restart(mail.link)).status_code == 200
     result = stack.ingress.wait_output(run_id, timeout=60).json()
     assert [a["outcome"] for a in result["actions"]] == ["autonomous", "approved"]
     assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/1", order, 12000)], "exactly one refund"

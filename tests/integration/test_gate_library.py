@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.approver import approval_emails, form_csrf, open_page, submit, wait_for_email
+from support.approver import approval_emails, form_after_restart, form_csrf, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, wait_until
 from test_operations import cli
@@ -168,7 +168,7 @@ def test_kill9_of_the_handler_while_a_virtual_objects_approval_waits_then_approv
     [mail] = wait_for_email(stack.outbox_dir, "desk-9")
     stack.app.kill9()
     stack.app.restart()
-    assert submit(mail.link, "approve").status_code == 200
+    assert submit(mail.link, "approve", csrf=form_after_restart(mail.link)).status_code == 200
     record = stack.ingress.wait_invocation(invocation, timeout=60).json()
     assert record["outcome"] == "approved"
     assert refunds_for(stack.db_path, "desk-9") == [("desk-9/0", order, 70000)], "exactly one refund"

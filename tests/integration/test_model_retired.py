@@ -18,7 +18,7 @@ from fakes import anthropic_server as anth
 from fakes import openai_server as oai
 from fakes.fixtures import model_stack, provider_env, running
 from fakes.provider import FakeProvider, Reply
-from support.approver import submit, wait_for_email
+from support.approver import form_after_restart, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import REPO, IsolatedStack, wait_until
 
@@ -109,7 +109,7 @@ def test_retired_after_the_approval_goes_on_with_the_policys_successor(
     openai_fake.script(SUCCESSOR, oai.answer(SUCCESSOR, "Refunded $700.00 (on the successor)."))
     [mail] = wait_for_email(stack.outbox_dir, run_id)
     fake.retire(model)
-    assert submit(mail.link, "approve").status_code == 200
+    assert submit(mail.link, "approve", csrf=form_after_restart(mail.link)).status_code == 200
     result = stack.ingress.wait_output(run_id, timeout=60).json()
 
     assert result["status"] == "completed", result
@@ -147,7 +147,7 @@ def test_retired_after_the_approval_ends_the_run_when_it_asks_to_even_after_a_ki
     stack.app.kill9()
     stack.app.restart()
     fake.retire(model)
-    assert submit(mail.link, "approve").status_code == 200
+    assert submit(mail.link, "approve", csrf=form_after_restart(mail.link)).status_code == 200
     result = stack.ingress.wait_output(run_id, timeout=60).json()
 
     assert result["status"] == "model_retired", result

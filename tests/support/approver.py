@@ -80,6 +80,25 @@ def form_csrf(link: str) -> str:
     return match.group(1)
 
 
+def form_after_restart(link: str, timeout: float = 30) -> str:
+    """The page's CSRF value once the page asks for a decision again after a restart of the handler.
+
+    An approval whose email went out just before a kill is saved by its workflow when Restate next
+    retries it, after the restarted handler is up (seconds of backoff). Until then its page answers
+    503 "still being set up, try again" (every 503 of the pages says "try again"), and an approver
+    does as it says; any other page without a form fails at once."""
+
+    def ready() -> str | None:
+        page = open_page(link)
+        match = CSRF.search(page.text)
+        if match:
+            return match.group(1)
+        assert page.status_code == 503, f"no form on the page (status {page.status_code})"
+        return None
+
+    return wait_until(ready, timeout, "the approval's page to ask again", interval=0.5)
+
+
 def submit_form(link: str, fields: dict[str, str]) -> httpx.Response:
     """POST a page's own form (`fields` and the page's CSRF value) as a browser on that page would."""
     parts = urlsplit(link)
