@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import partial
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -25,7 +26,9 @@ from countersign.approval.verdict import Verdict, state_of
 from countersign.approval.waiting import Waiter, send_step, wait_all
 from countersign.contract import ActionRecord, ApprovalRecord, ApprovalState, Outcome, TrailStep
 from countersign.events import emit as events
-from countersign.mail.outcome_email import NoticeOutcome, send_outcome_notice
+from countersign.mail.deliver import deliver_each
+from countersign.mail.outcome_email import NoticeOutcome, outcome_notice, send_outcome_notice
+from countersign.mail.receipt_email import decision_receipt
 from countersign.observability import metrics, tracing
 from countersign.security import links
 from countersign.tools import default_registry
@@ -184,6 +187,8 @@ async def decide_and_act(
     book.state.phase = "awaiting_approval"
     book.save()
     waiter = Waiter(book, record, verdict.policy)
+    # Executed here and then told: the deciding vote's receipt goes out in the outcome notice's step.
+    waiter.holds_deciding_receipt = act == "execute"
     if delivered is None:
         ledger.requested(book, record)
         metrics.record_requested(record.tool, record.tenant, waiter.channels())
@@ -208,7 +213,7 @@ async def decide_and_act(
         result = _report(book, waiter, final)
     if act == "execute" or result.action.outcome not in (Outcome.APPROVED, Outcome.APPROVED_WITH_EDITS):
         # An approval that is only reported has not executed: the caller runs it and tells whom it likes.
-        await _tell_requester(book, record, result.action)
+        await _tell_requester(book, waiter, result.action)
     book.state.actions.append(result.action)
     book.state.phase = "completed"
     book.save()
@@ -227,18 +232,28 @@ async def act_on_deferred(book: RunBook, deferred: GateResult, verdict: PolicyVe
     if tool is None:  # only if the tool set changed under a waiting approval
         return _finish(book, waiter, deferred.final, failure=f"tool {deferred.record.tool!r} is no longer loaded")
     result = await _act(book, tool, waiter, deferred.final, may_reapprove=False)
-    await _tell_requester(book, waiter.record, result.action)
+    await _tell_requester(book, waiter, result.action)
     return result
 
 
-async def _tell_requester(book: RunBook, record: ApprovalRecord, action: ActionRecord) -> None:
-    """The outcome notice to the person who asked for the run (none when the run was cancelled)."""
+async def _tell_requester(book: RunBook, waiter: Waiter, action: ActionRecord) -> None:
+    """The outcome notice to the person who asked for the run (none when the run was cancelled),
+    in one step with the deciding vote's receipt when the waiter held it back."""
+    record = waiter.record
     outcome = _NOTICE.get(action.outcome)
     if outcome is None:
+        await waiter.send_held_receipt()
         return
     error = (action.result or {}).get("error") or action.reason
-    name = f"email outcome #{record.index}"
-    await send_step(book.ctx, name, send_outcome_notice, record, outcome, action.result, error)
+    held, waiter.held_receipt = waiter.held_receipt, None
+    if held is None:
+        await send_step(
+            book.ctx, f"email outcome #{record.index}", send_outcome_notice, record, outcome, action.result, error
+        )
+        return
+    receipt = partial(decision_receipt, record, held.slot, held.client, edits=held.edits)
+    notice = partial(outcome_notice, record, outcome, result=action.result, error=error)
+    await send_step(book.ctx, f"email receipt and outcome #{record.index}", deliver_each, receipt, notice)
 
 
 async def _act(book: RunBook, tool: Tool, waiter: Waiter, final: Verdict, *, may_reapprove: bool = True) -> GateResult:
@@ -269,6 +284,7 @@ async def _act(book: RunBook, tool: Tool, waiter: Waiter, final: Verdict, *, may
             return await _execute(book, waiter, final, executed, changed)
         if policy.on_superseded == "tell_model" or attempt == MAX_REAPPROVALS or not may_reapprove:
             return _finish(book, waiter, closing(record, "close", final.at, change, "superseded"))
+        await waiter.send_held_receipt()  # the approver hears of their vote before the approval waits again
         opening = await book.ctx.run_typed(f"reopen approval #{record.index}", open_round)
         record.deadline = opening.now + policy.deadline_seconds
         waiter.start_round(opening.nonce, opening.now, note=change)

@@ -9,8 +9,9 @@ deterministic loop; every loop is bounded by the policies' finite events.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import restate
 from restate import TerminalError
@@ -34,7 +35,6 @@ from countersign.channels.slack_messages import notify as slack_notify
 from countersign.contract import ApprovalRecord
 from countersign.errors import is_already_completed, is_cancellation
 from countersign.mail.approval_email import MailKind, idempotency_key, send_batch_request
-from countersign.mail.message import SendReceipt
 from countersign.mail.receipt_email import send_decision_receipt
 from countersign.observability import metrics
 from countersign.tools.policy import ToolPolicy
@@ -46,6 +46,10 @@ class Waiter:
     def __init__(self, book: RunBook, record: ApprovalRecord, policy: ToolPolicy) -> None:
         self.book, self.ctx, self.record, self.policy = book, book.ctx, record, policy
         self.clock = record.round_started_at
+        # Set by a caller that acts on the decision and then tells the requester (`gate`): the receipt
+        # of the vote that decides waits in `held_receipt` and goes out in the outcome notice's step.
+        self.holds_deciding_receipt = False
+        self.held_receipt: Verdict | None = None
 
     def promise(self, slot: int) -> restate.DurablePromise[Verdict]:
         return self.ctx.promise(slot_promise(self.record.approval_id, self.record.round, slot), type_hint=Verdict)
@@ -77,12 +81,23 @@ class Waiter:
             return await self.escalate_or_give_up(verdict.reason)
         final = self.count(verdict)
         if verdict.source == "human" and verdict.kind in ("approve", "reject"):
-            # In this workflow, not in `decide`: a mail provider that is slow or failing must never
-            # hold up (or time out) the approver's click, only this receipt.
-            name = f"email receipt #{self.record.index} round {verdict.round} slot {verdict.slot}"
-            args = (self.record, verdict.slot, verdict.client, verdict.edits)
-            await send_step(self.ctx, name, send_decision_receipt, *args)
+            if final is not None and self.holds_deciding_receipt:
+                self.held_receipt = verdict  # sent with the outcome notice, one step after the effect
+            else:
+                await self.send_receipt(verdict)
         return final
+
+    async def send_receipt(self, verdict: Verdict) -> None:
+        """The receipt of a person's vote, in a step of its own. In this workflow, not in `decide`: a
+        mail provider that is slow or failing must never hold up (or time out) the approver's click."""
+        name = f"email receipt #{self.record.index} round {verdict.round} slot {verdict.slot}"
+        await send_step(self.ctx, name, send_decision_receipt, self.record, verdict.slot, verdict.client, verdict.edits)
+
+    async def send_held_receipt(self) -> None:
+        """The held receipt of the deciding vote, on its own, before the approval waits again."""
+        if self.held_receipt is not None:
+            verdict, self.held_receipt = self.held_receipt, None
+            await self.send_receipt(verdict)
 
     def conclude(self, final: Verdict) -> Verdict:
         """Mark the approval decided as soon as it is, before the other items of a batch are."""
@@ -254,15 +269,17 @@ class Waiter:
         )
 
 
-async def send_step(ctx: restate.Context, name: str, action: Any, *args: Any) -> SendReceipt | None:
+Sent = TypeVar("Sent")
+
+
+async def send_step(ctx: restate.Context, name: str, action: Callable[..., Sent], *args: Any) -> Sent | None:
     """One email step; None when the provider refused it for good (the step's retries are bounded)."""
     try:
-        receipt: SendReceipt = await ctx.run_typed(name, action, EMAIL_RETRIES, *args)
+        return await ctx.run_typed(name, action, EMAIL_RETRIES, *args)
     except TerminalError as exc:
         if is_cancellation(exc):
             raise
         return None
-    return receipt
 
 
 async def notify_batch(book: RunBook, waiters: list[Waiter]) -> dict[int, int]:

@@ -182,6 +182,40 @@ def test_a_slow_5xx_and_lost_connection_storm_ends_in_one_email(
     assert len(fake.accepted_for(request_key(run_id))) == 1
 
 
+def test_the_deciding_receipt_and_the_outcome_go_in_one_step_after_the_refund_and_each_goes_once(
+    stack: IsolatedStack, fake: FakeResend, run_id: str
+) -> None:
+    """The approver's receipt and the requester's outcome notice are one step after the effect, each
+    under its own key: when the outcome's send fails, the step's retry sends the receipt again under
+    its key and the provider keeps the first; nothing is sent twice."""
+    order = new_order(stack.db_path, 100000)
+    stack.ingress.start_run(run_id, refund(order))
+    mail = wait_accepted(fake, request_key(run_id))
+    wait_until(lambda: stack.ingress.status(run_id)["pending"], 30, "the approval to wait")
+    # The next two sends: the receipt goes through (a pass-through fault), the outcome gets a 500.
+    fake.fail_next(Fault("slow", accept=True), Fault("server_error"))
+    assert submit(link_of(mail), "approve").status_code == 200
+    assert stack.ingress.wait_output(run_id, 60).json()["actions"][0]["outcome"] == "approved"
+    receipt_key, outcome_key = f"approval-receipt/{run_id}-a0/r1/s0", f"approval-outcome/{run_id}-a0/r1/executed"
+    assert [t.status for t in fake.requests_for(receipt_key)] == [200, 200], "sent again with the outcome's retry"
+    assert [t.status for t in fake.requests_for(outcome_key)] == [500, 200]
+    assert len(fake.accepted_for(receipt_key)) == len(fake.accepted_for(outcome_key)) == 1
+    assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 80000)]
+
+
+def test_a_receipt_refused_for_good_does_not_hold_back_the_outcome(
+    stack: IsolatedStack, fake: FakeResend, run_id: str
+) -> None:
+    stack.ingress.start_run(run_id, refund(new_order(stack.db_path, 100000)))
+    mail = wait_accepted(fake, request_key(run_id))
+    wait_until(lambda: stack.ingress.status(run_id)["pending"], 30, "the approval to wait")
+    fake.fail_next(Fault("reject", status=422))  # the receipt, the first send after the decision
+    assert submit(link_of(mail), "reject", "not this one").status_code == 200
+    assert stack.ingress.wait_output(run_id, 60).json()["actions"][0]["outcome"] == "rejected"
+    assert [t.status for t in fake.requests_for(f"approval-receipt/{run_id}-a0/r1/s0")] == [422]
+    assert len(fake.accepted_for(f"approval-outcome/{run_id}-a0/r1/rejected")) == 1
+
+
 def test_a_final_refusal_is_not_retried_escalates_and_ends_undeliverable(
     stack: IsolatedStack, fake: FakeResend, run_id: str
 ) -> None:
