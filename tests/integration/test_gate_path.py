@@ -426,6 +426,16 @@ def test_a_call_ends_the_same_on_every_path_to_the_gate(stack: Stack, case: Case
         raise AssertionError(f"audit kinds differ: {trails()}") from None
 
 
+def test_request_approval_of_a_question_is_a_400_that_asks_nobody(stack: Stack) -> None:
+    """A question is asked and answered through `gated_call` or `ask_person`; `request_approval`, which
+    only decides whether a call may run, refuses it with a 400 that names them, and nobody is emailed."""
+    case = {"run_id": "request-question", "tool": "ask_a_person", "args": QUESTION}
+    refused = stack.ingress.call("GatePath", None, "request", case)
+    assert refused.status_code == 400, refused.text
+    assert "gated_call" in refused.text and "ask_person" in refused.text
+    assert not list(stack.outbox.glob("*request-question*"))
+
+
 def test_a_model_turns_journaled_answers_read_back_as_the_gates_answers() -> None:
     """What an older model turn journaled (None, or a `PolicyAnswer` with a problem or a verdict) is
     read back as the answer `routing.ask` gives, so a paused run routes its calls as it would have."""

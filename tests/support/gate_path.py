@@ -2,14 +2,14 @@
 COUNTERSIGN_SERVICES=tests.support.gate_path:served and COUNTERSIGN_TOOLS=tests.support.gate_path:TOOLS.
 
 The ways a user reaches the gate, each after `request_plan_approval` when the case has a plan (the
-approved plan handed to the adapter where it takes the run's facts): `GatePath.call` calls
-`gated_call`; `PydanticGatePath.run` runs a Pydantic AI agent (RestateAgent, with
-`CountersignToolset` and the `Countersign` capability); `OpenAIGatePath.run` runs an OpenAI Agents SDK
-agent (`countersign_tool`, `run_gated`); `LangChainGatePath.run` runs a LangChain `create_agent` agent
-(`countersign_tools`, RestateMiddleware then CountersignMiddleware); `AdkGatePath.run` (a Virtual
+approved plan handed to the adapter where it takes the run's facts): `GatePath.call` calls `gated_call`
+(`GatePath.request`, `request_approval`); `PydanticGatePath.run` runs a Pydantic AI agent (RestateAgent,
+with `CountersignToolset` and the `Countersign` capability); `OpenAIGatePath.run` runs an OpenAI Agents
+SDK agent (`countersign_tool`, `run_gated`); `LangChainGatePath.run` runs a LangChain `create_agent`
+agent (`countersign_tools`, RestateMiddleware then CountersignMiddleware); `AdkGatePath.run` (a Virtual
 Object, for RestateSessionService) runs a Google ADK `LlmAgent` (`countersign_tools`, RestatePlugin then
-CountersignPlugin, `run_gated`). The agents' models are the frameworks' own OpenAI clients, named
-after the run (OPENAI_BASE_URL points them at the test's fake server, which scripts each run).
+CountersignPlugin, `run_gated`). The agents' models are the frameworks' own OpenAI clients, named after
+the run (OPENAI_BASE_URL points them at the test's fake server, which scripts each run).
 """
 
 from __future__ import annotations
@@ -35,7 +35,15 @@ from restate.ext.adk import RestatePlugin, RestateSessionService
 from restate.ext.langchain import RestateMiddleware
 from restate.ext.pydantic import RestateAgent
 
-from countersign import ApprovedPlan, Tool, ToolPolicy, ask_a_person_tool, gated_call, request_plan_approval
+from countersign import (
+    ApprovedPlan,
+    Tool,
+    ToolPolicy,
+    ask_a_person_tool,
+    gated_call,
+    request_approval,
+    request_plan_approval,
+)
 from countersign.integrations import adk
 from countersign.integrations.langchain import (
     CountersignContext,
@@ -84,6 +92,15 @@ async def call(ctx: restate.Context, case: Case) -> dict[str, Any]:
         ctx, tool=case.tool, args=case.args, requester=REQUESTER, run_id=case.run_id, index=index, plan=plan, why=WHY
     )
     return record.model_dump(mode="json")
+
+
+@path.handler()
+async def request(ctx: restate.Context, case: Case) -> dict[str, Any]:
+    """`request_approval` of the case's call: decided only, nothing runs."""
+    outcome = await request_approval(
+        ctx, tool=case.tool, args=case.args, requester=REQUESTER, run_id=case.run_id, index=0, why=WHY
+    )
+    return outcome.model_dump(mode="json")
 
 
 class AgentTask(BaseModel):
