@@ -3,105 +3,26 @@
 this version keeps, and an approval whose trail began in the older object continues in its shard.
 
 The older version is played by a service of the test's own, served beside Countersign's, that sends
-exactly what that version's runs sent (to the objects' private handlers, which stay for them)."""
+exactly what that version's runs sent (to the objects' private handlers, which stay for them):
+`olderapp.services` in tests/support/user_code."""
 
 from __future__ import annotations
-
-import textwrap
-from pathlib import Path
 
 import pytest
 from support.approver import submit, wait_for_email
 from support.business import new_order
-from support.processes import IsolatedStack, StackFactory, wait_until
+from support.processes import IsolatedStack, StackFactory, user_services, wait_until
 
 from countersign.objects.audit import AuditLog, verify
 from countersign.objects.shards import books_key, first_books_key
 
 APPROVER, TOOL = "finance@example.com", "issue_refund"
 OLDER = "older-run-a0"
-OLDER_VERSION = """
-import restate
-
-from countersign.objects import bookkeeping
-from countersign.objects.audit import AuditEntries, AuditEntry, append_all
-from countersign.objects.inbox import InboxEntry, InboxEvent, apply
-from countersign.objects.shards import first_books_key, shard_key
-from countersign.objects.trust import OutcomeSample, record
-
-older = restate.Service("OlderVersion")
-
-
-def entry(approval_id: str, kind: str, entry_id: str, at: float) -> AuditEntry:
-    return AuditEntry(
-        entry_id=entry_id, approval_id=approval_id, run_id="older-run", tenant="default", kind=kind, at=at,
-        actor="finance@example.com" if kind != "requested" else None, details={"tool": "issue_refund"},
-    )
-
-
-@older.handler()
-async def wait_for_a_person(ctx: restate.Context, approval_id: str) -> None:
-    # What the older version's run sent when it asked: the inbox entry on the approver's shard key,
-    # the request in ApprovalAudit itself, and (after a rejection) the sample on the tool's shard key.
-    waiting = InboxEntry(
-        approval_id=approval_id, run_id="older-run", tenant="default", tool="issue_refund", summary="older",
-        digest="0" * 64, round=1, requested_at=1.0, deadline=4102444800.0,
-    )
-    inbox_shard = shard_key("finance@example.com", approval_id)
-    ctx.object_send(apply, key=inbox_shard, arg=InboxEvent(change="add", entry=waiting))
-    requested = entry(approval_id, "requested", "requested/r1", 1.0)
-    ctx.object_send(append_all, key=approval_id, arg=AuditEntries(entries=[requested]))
-    ctx.object_send(
-        record,
-        key=shard_key("issue_refund", approval_id),
-        arg=OutcomeSample(approval_id="older-run-a9", outcome="rejected", human=True, seconds_to_decision=3.0),
-    )
-
-
-def first_waiting(approval_id: str) -> InboxEntry:
-    return InboxEntry(
-        approval_id=approval_id, run_id="first-run", tenant="default", tool="issue_refund", summary="first",
-        digest="0" * 64, round=1, requested_at=1.5, deadline=4102444800.0,
-    )
-
-
-@older.handler()
-async def first_bookkeeping_asked(ctx: restate.Context, approval_id: str) -> None:
-    # What a run of the first `Bookkeeping` version sent when it asked: one call, to the shard that
-    # version picked by the approval id.
-    added = InboxEvent(change="add", entry=first_waiting(approval_id))
-    notices = bookkeeping.Notices(
-        approval_id=approval_id,
-        audit=[entry(approval_id, "requested", "requested/r1", 1.5)],
-        inbox=[bookkeeping.InboxNotice(approver="finance@example.com", event=added)],
-    )
-    ctx.object_send(bookkeeping.apply, key=first_books_key(approval_id), arg=notices)
-
-
-@older.handler()
-async def this_version_decides(ctx: restate.Context, approval_id: str) -> None:
-    # What this version's `Approval.run` sends when that approval ends (its run asked on the first
-    # version): the inbox removal, to the run's shard.
-    removed = InboxEvent(change="remove", entry=first_waiting(approval_id), why="approve")
-    notice = bookkeeping.InboxNotice(approver="finance@example.com", event=removed)
-    bookkeeping.send_run(ctx, [bookkeeping.Notices(approval_id=approval_id, inbox=[notice])])
-
-
-@older.handler()
-async def viewed_now(ctx: restate.Context, approval_id: str) -> None:
-    # This version's page, opened on the older approval: its page view goes to the approval's shard.
-    bookkeeping.send_entry(ctx, entry(approval_id, "page_viewed", "page_viewed/r1/s0/m0", 2.0), once_per_entry=True)
-"""
 
 
 @pytest.fixture()
-def stack(private_stacks: StackFactory, tmp_path: Path) -> IsolatedStack:
-    package = tmp_path / "project" / "olderapp"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "services.py").write_text(textwrap.dedent(OLDER_VERSION))
-    env = {"COUNTERSIGN_SERVICES": "olderapp.services:older", "PYTHONPATH": str(package.parent)}
-    return private_stacks(app_env=env)
+def stack(private_stacks: StackFactory) -> IsolatedStack:
+    return private_stacks(app_env=user_services("olderapp.services:older"))
 
 
 def _pending(stack: IsolatedStack) -> set[str]:

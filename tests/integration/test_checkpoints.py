@@ -9,7 +9,6 @@ from __future__ import annotations
 import html
 import subprocess
 import sys
-import textwrap
 import tomllib
 from decimal import Decimal
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 from support.approver import form_after_restart, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import REPO, IsolatedStack, wait_until
+from support.processes import REPO, IsolatedStack, user_services, wait_until
 
 ORDER_CHECK = "args.order_id == results.lookup_order.order_id"
 CHECK = "args.amount_usd == double(results.lookup_order.amount_usd)"
@@ -26,65 +25,15 @@ POLICY = f"""
 gate_below_confidence = 0.7
 checks = ["{ORDER_CHECK}", "{CHECK}"]
 """
-USER_MODULE = """
-from typing import Any
-
-import restate
-from pydantic import BaseModel
-
-from countersign import gated_call
-
-
-class Ask(BaseModel):
-    run_id: str
-    order_id: int
-    amount_usd: str
-    confidence: float | None = None
-    looked_up: int | None = None  # the order looked up first (default: the one refunded)
-
-
-desk = restate.Service("CheckedDesk")
-
-
-@desk.handler()
-async def refund(ctx: restate.Context, ask: Ask) -> dict[str, Any]:
-    looked = await gated_call(
-        ctx,
-        tool="lookup_order",
-        args={"order_id": ask.looked_up or ask.order_id},
-        requester="alice@example.com",
-        run_id=ask.run_id,
-    )
-    record = await gated_call(
-        ctx,
-        tool="issue_refund",
-        args={"order_id": ask.order_id, "amount_usd": ask.amount_usd, "reason": "damaged"},
-        requester="alice@example.com",
-        run_id=ask.run_id,
-        confidence=ask.confidence,
-        results=[looked],
-    )
-    return record.model_dump(mode="json")
-
-
-served = [desk]
-"""
 
 
 @pytest.fixture(scope="module")
 def module_stack_app_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The app's settings (conftest's `module_stack`, and `own_stack`): the checkpoint policy and the
-    user's handler."""
+    user's handler (`mydesk.agents` in tests/support/user_code)."""
     root = tmp_path_factory.mktemp("project")
     (root / "policy.toml").write_text(POLICY)
-    (root / "mydesk").mkdir()
-    (root / "mydesk" / "__init__.py").write_text("")
-    (root / "mydesk" / "agents.py").write_text(textwrap.dedent(USER_MODULE))
-    return {
-        "APPROVALS_POLICY_FILE": str(root / "policy.toml"),
-        "COUNTERSIGN_SERVICES": "mydesk.agents:served",
-        "PYTHONPATH": str(root),
-    }
+    return {"APPROVALS_POLICY_FILE": str(root / "policy.toml"), **user_services("mydesk.agents:served")}
 
 
 @pytest.fixture()

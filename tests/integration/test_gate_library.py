@@ -6,122 +6,27 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import textwrap
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
 from support.approver import approval_emails, form_after_restart, form_csrf, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import IsolatedStack, wait_until
+from support.processes import IsolatedStack, user_services, wait_until
 from test_operations import cli
 
 from countersign.contract import MAX_GOAL, MAX_WHY
 from countersign.objects.audit import AuditLog, verify
 from countersign.security import links
 
-USER_MODULE = '''
-from typing import Any
-
-import restate
-from pydantic import BaseModel
-
-from countersign import Tool, ToolPolicy, gated_call, request_approval, request_plan_approval
-from handlers.demo.tools import DEMO_TOOLS
-
-
-class Ask(BaseModel):
-    run_id: str
-    tool: str
-    args: dict[str, Any]
-    index: int | None = None
-    requester: str = "alice@example.com"
-
-
-desk = restate.VirtualObject("RefundDesk")
-
-
-@desk.handler()
-async def act(ctx: restate.ObjectContext, ask: Ask) -> dict[str, Any]:
-    record = await gated_call(
-        ctx,
-        tool=ask.tool,
-        args=ask.args,
-        requester=ask.requester,
-        run_id=ask.run_id,
-        index=ask.index,
-        why="asked by the desk",
-    )
-    ctx.set("last", record.outcome.value)
-    return record.model_dump(mode="json")
-
-
-checker = restate.Service("RefundCheck")
-
-
-@checker.handler()
-async def ask(ctx: restate.Context, ask: Ask) -> dict[str, Any]:
-    outcome = await request_approval(ctx, tool=ask.tool, args=ask.args, requester=ask.requester, run_id=ask.run_id)
-    return outcome.model_dump(mode="json")
-
-
-@checker.handler()
-async def twice(ctx: restate.Context, ask: Ask) -> list[dict[str, Any]]:
-    """Two approvals in one invocation, placed by default (the invocation id and a count)."""
-    first = await request_approval(ctx, tool=ask.tool, args=ask.args, requester="alice@example.com")
-    second = await request_approval(ctx, tool=ask.tool, args=ask.args, requester="alice@example.com")
-    return [first.model_dump(mode="json"), second.model_dump(mode="json")]
-
-
-class Nothing(BaseModel):
-    pass
-
-
-STRAY = Tool(
-    name="stray", description="Loaded by nobody.", args_model=Nothing, effect=lambda a, c: {}, policy=ToolPolicy()
-)
-OBJECTS = {tool.name: tool for tool in [*DEMO_TOOLS, STRAY]}
-raw = restate.Service("RawGate")
-
-
-@raw.handler()
-async def call(ctx: restate.Context, ask: dict[str, Any]) -> dict[str, Any]:
-    """The gate's calls with what a typed input would have refused: any `run_id`, `index` or `args`."""
-    placed = {"run_id": ask.get("run_id"), "index": ask.get("index")}
-    times = ask.get("repeat", 1)  # long texts made here, not sent: the ingress carries a short request
-    who = {"requester": "alice@example.com", "why": ask.get("why", "") * times, "goal": ask.get("goal", "") * times}
-    if ask["call"] == "plan":
-        plan = await request_plan_approval(ctx, plan=ask["plan"], **placed, **who)
-        return plan.model_dump(mode="json")
-    gate = gated_call if ask["call"] == "gated_call" else request_approval
-    tool = OBJECTS[ask["tool"]] if ask.get("as_object") else ask["tool"]
-    outcome = await gate(ctx, tool=tool, args=ask["args"], **placed, **who)
-    return outcome.model_dump(mode="json")
-
-
-served = [desk, checker, raw]
-'''
-
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("project")
-    (root / "myshop").mkdir()
-    (root / "myshop" / "__init__.py").write_text("")
-    (root / "myshop" / "agents.py").write_text(textwrap.dedent(USER_MODULE))
-    (root / "policy.toml").write_text("[tools.email_customer]\ndeadline_seconds = 2\n")
-    return root
-
-
-@pytest.fixture(scope="module")
-def module_stack_app_env(project: Path) -> dict[str, str]:
-    """The app's settings (conftest's `module_stack`, and `own_stack`): the user's handlers and policy."""
-    return {
-        "COUNTERSIGN_SERVICES": "myshop.agents:served",
-        "PYTHONPATH": str(project),
-        "APPROVALS_POLICY_FILE": str(project / "policy.toml"),
-    }
+def module_stack_app_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The app's settings (conftest's `module_stack`, and `own_stack`): the user's handlers (`myshop.agents`
+    in tests/support/user_code) and policy."""
+    policy = tmp_path_factory.mktemp("project") / "policy.toml"
+    policy.write_text("[tools.email_customer]\ndeadline_seconds = 2\n")
+    return {**user_services("myshop.agents:served"), "APPROVALS_POLICY_FILE": str(policy)}
 
 
 @pytest.fixture()

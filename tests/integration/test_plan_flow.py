@@ -4,14 +4,13 @@ deviations asked again or refused, against the real restate-server, app and outb
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.approver import approval_emails, form_csrf, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import AppServer, Ingress, StackFactory, wait_until
+from support.processes import AppServer, Ingress, StackFactory, user_services, wait_until
 
 from handlers.demo.business_db import connect, transaction
 
@@ -183,69 +182,12 @@ def test_cancelling_a_run_while_its_plan_waits_ends_it_and_nothing_runs(
     assert submit(mail.link, "approve", csrf=csrf).status_code == 409, "the cancelled plan decides nothing"
 
 
-USER_MODULE = """
-from typing import Any
-
-import restate
-from pydantic import BaseModel
-
-from countersign import gated_call, request_plan_approval
-
-
-class Batch(BaseModel):
-    run_id: str
-    orders: list[int]
-    amounts: list[str]
-
-
-desk = restate.Service("PlanDesk")
-
-
-@desk.handler()
-async def refund_all(ctx: restate.Context, batch: Batch) -> dict[str, Any]:
-    plan = await request_plan_approval(
-        ctx,
-        plan={"steps": [{"tool": "issue_refund", "one_of": {"order_id": batch.orders},
-                         "at_most": {"amount_usd": 800}, "calls": 2}]},
-        requester="alice@example.com",
-        run_id=batch.run_id,
-        index=0,
-        why="the damaged orders of one shipment",
-    )
-    records = []
-    for i, (order, amount) in enumerate(zip(batch.orders, batch.amounts, strict=True)):
-        args = {"order_id": order, "amount_usd": amount, "reason": "damaged in transit"}
-        record = await gated_call(
-            ctx, tool="issue_refund", args=args, requester="alice@example.com", run_id=batch.run_id,
-            index=i + 1, plan=plan,
-        )
-        records.append(record.model_dump(mode="json"))
-    return {"plan": plan.model_dump(mode="json"), "records": records}
-
-
-served = [desk]
-"""
-
-
-@pytest.fixture()
-def project(tmp_path: Path) -> Path:
-    (tmp_path / "plandesk").mkdir()
-    (tmp_path / "plandesk" / "__init__.py").write_text("")
-    (tmp_path / "plandesk" / "agents.py").write_text(textwrap.dedent(USER_MODULE))
-    (tmp_path / "policy.toml").write_text('[tools.issue_refund.plan]\non_deviation = "refuse"\n')
-    return tmp_path
-
-
 def test_a_users_own_loop_follows_an_approved_plan_and_the_tool_policy_refuses_a_deviation(
-    isolated_stack: StackFactory, project: Path
+    isolated_stack: StackFactory, tmp_path: Path
 ) -> None:
-    stack = isolated_stack(
-        app_env={
-            "COUNTERSIGN_SERVICES": "plandesk.agents:served",
-            "PYTHONPATH": str(project),
-            "APPROVALS_POLICY_FILE": str(project / "policy.toml"),
-        }
-    )
+    (tmp_path / "policy.toml").write_text('[tools.issue_refund.plan]\non_deviation = "refuse"\n')
+    app_env = {**user_services("plandesk.agents:served"), "APPROVALS_POLICY_FILE": str(tmp_path / "policy.toml")}
+    stack = isolated_stack(app_env=app_env)
     orders = [new_order(stack.db_path, 100000) for _ in range(3)]
     batch = {"run_id": "desk-plan", "orders": orders, "amounts": ["600.00", "650.00", "700.00"]}
     invocation = stack.ingress.send("PlanDesk", None, "refund_all", batch)

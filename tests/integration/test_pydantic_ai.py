@@ -8,10 +8,8 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,100 +18,18 @@ from fakes.fixtures import running
 from fakes.provider import JsonObject, Reply
 from support.approver import form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import REPO, IsolatedStack, StackFactory, parked, wait_until
+from support.processes import REPO, IsolatedStack, StackFactory, parked, user_services, wait_until
 
 from examples.billing.fake_payments import FakePayments
 
-AGENT_MODULE = '''
-import json
-from typing import Any
-
-import restate
-from pydantic import BaseModel
-from pydantic_ai import Agent, DeferredToolRequests
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
-from pydantic_ai.messages import UserPromptPart
-from pydantic_ai.models.function import AgentInfo, FunctionModel
-from restate.ext.pydantic import RestateAgent
-
-from countersign.integrations.pydantic_ai import Countersign, CountersignToolset
-
-
-def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-    """First turn: the calls the prompt lists. Then: report every tool result it saw, as JSON."""
-    [prompt] = [p.content for m in messages if isinstance(m, ModelRequest) for p in m.parts
-                if isinstance(p, UserPromptPart)]
-    task = json.loads(str(prompt))
-    seen = [{"tool": p.tool_name, "content": p.content} for m in messages if isinstance(m, ModelRequest)
-            for p in m.parts if isinstance(p, ToolReturnPart)]
-    if not seen:
-        calls = [ToolCallPart(c["tool"], c["args"], tool_call_id=f"call-{i}") for i, c in enumerate(task["calls"])]
-        return ModelResponse(parts=[TextPart(task["why"]), *calls])
-    return ModelResponse(parts=[TextPart(json.dumps(seen))])
-
-
-inner = Agent(FunctionModel(script), toolsets=[CountersignToolset(["lookup_order", "issue_refund", "email_customer"])])
-
-
-@inner.tool_plain
-def note(text: str) -> dict[str, str]:
-    """A plain Pydantic AI tool, not Countersign's: RestateAgent journals it (auto_wrap_tools)."""
-    return {"noted": text}
-
-
-agent = RestateAgent(inner, auto_wrap_tools=True)
-
-
-class Task(BaseModel):
-    calls: list[dict[str, Any]]
-    why: str = "the parcel arrived broken"
-
-
-support = restate.Workflow("PydanticSupport")
-
-
-@support.main()
-async def run(ctx: restate.WorkflowContext, task: Task) -> dict[str, Any]:
-    gate = Countersign(requester="alice@example.com", run_id=ctx.key())
-    result = await agent.run(task.model_dump_json(), capabilities=[gate])
-    return {"seen": json.loads(result.output), "actions": [o.model_dump(mode="json") for o in gate.actions]}
-
-
-by_hand = restate.Service("PydanticByHand")
-
-
-@by_hand.handler()
-async def approve_all(ctx: restate.Context, task: Task) -> str:
-    """Approves the deferred calls itself, without the Countersign capability: they must not run."""
-    first = await agent.run(task.model_dump_json(), output_type=[str, DeferredToolRequests])
-    assert isinstance(first.output, DeferredToolRequests)
-    results = first.output.build_results(approve_all=True)
-    second = await agent.run(message_history=first.all_messages(), deferred_tool_results=results)
-    return str(second.output)
-
-
-served = [support, by_hand]
-'''
-
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("pydantic-project")
-    (root / "helpdesk").mkdir()
-    (root / "helpdesk" / "__init__.py").write_text("")
-    (root / "helpdesk" / "agent.py").write_text(textwrap.dedent(AGENT_MODULE))
-    (root / "policy.toml").write_text("[tools.email_customer]\ndeadline_seconds = 2\n")
-    return root
-
-
-@pytest.fixture(scope="module")
-def module_stack_app_env(project: Path) -> dict[str, str]:
-    """The app's settings (conftest's `module_stack`, and `own_stack`): the project's agent and policy."""
-    return {
-        "COUNTERSIGN_SERVICES": "helpdesk.agent:served",
-        "PYTHONPATH": str(project),
-        "APPROVALS_POLICY_FILE": str(project / "policy.toml"),
-    }
+def module_stack_app_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The app's settings (conftest's `module_stack`, and `own_stack`): the project's agent (`helpdesk.agent`
+    in tests/support/user_code) and policy."""
+    policy = tmp_path_factory.mktemp("pydantic-project") / "policy.toml"
+    policy.write_text("[tools.email_customer]\ndeadline_seconds = 2\n")
+    return {**user_services("helpdesk.agent:served"), "APPROVALS_POLICY_FILE": str(policy)}
 
 
 @pytest.fixture()

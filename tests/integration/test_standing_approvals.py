@@ -21,8 +21,8 @@ import pytest
 from fakes.webhook_receiver import Delivery, config, running
 from support.approver import approval_emails, form_csrf, open_page, submit, submit_form, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import IsolatedStack, StackFactory, wait_until
-from test_gate_library import USER_MODULE, refund
+from support.processes import IsolatedStack, StackFactory, user_services, wait_until
+from test_gate_library import refund
 from test_operations import cli
 
 from countersign.approval.standing import offer
@@ -51,28 +51,21 @@ test on the module's stack asks for a requester of its own (and lists only its g
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("project")
-    (root / "myshop").mkdir()
-    (root / "myshop" / "__init__.py").write_text("")
-    (root / "myshop" / "agents.py").write_text(USER_MODULE)
-    (root / "policy.toml").write_text(POLICY)
-    return root
+def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("project") / "policy.toml"
+    path.write_text(POLICY)
+    return path
 
 
-def _env(project: Path, **more: str) -> dict[str, str]:
-    return {
-        "COUNTERSIGN_SERVICES": "myshop.agents:served",
-        "PYTHONPATH": str(project),
-        "APPROVALS_POLICY_FILE": str(project / "policy.toml"),
-        **more,
-    }
+def _env(policy_file: Path, **more: str) -> dict[str, str]:
+    """The user's handlers (`myshop.agents` in tests/support/user_code) and the grants policy."""
+    return {**user_services("myshop.agents:served"), "APPROVALS_POLICY_FILE": str(policy_file), **more}
 
 
 @pytest.fixture(scope="module")
-def module_stack_app_env(project: Path) -> dict[str, str]:
+def module_stack_app_env(policy_file: Path) -> dict[str, str]:
     """The app's settings (conftest's `module_stack`): the user's handlers and the grants policy."""
-    return _env(project)
+    return _env(policy_file)
 
 
 @pytest.fixture()
@@ -363,8 +356,10 @@ def test_a_grant_given_with_a_reviewed_edit_is_carried_through_the_review(stack:
     assert grant["expires_at"] - grant["granted_at"] == 1800
 
 
-def test_kill9_between_a_grants_use_and_the_effect_uses_it_once(isolated_stack: StackFactory, project: Path) -> None:
-    stack = isolated_stack(app_env=_env(project, COUNTERSIGN_FAULT="crash-after-grant-use"))
+def test_kill9_between_a_grants_use_and_the_effect_uses_it_once(
+    isolated_stack: StackFactory, policy_file: Path
+) -> None:
+    stack = isolated_stack(app_env=_env(policy_file, COUNTERSIGN_FAULT="crash-after-grant-use"))
     order = new_order(stack.db_path, 300000)
     _grant_first(stack, "sk-1", order)
     invocation = _act(stack, "sk-2", order, "550.00")
@@ -379,9 +374,9 @@ def test_kill9_between_a_grants_use_and_the_effect_uses_it_once(isolated_stack: 
     assert grant["uses"] == "1/2" and grant["used_by"] == ["sk-2/0"], "the use was counted once"
 
 
-def test_webhooks_hear_a_grant_given_used_and_revoked(isolated_stack: StackFactory, project: Path) -> None:
+def test_webhooks_hear_a_grant_given_used_and_revoked(isolated_stack: StackFactory, policy_file: Path) -> None:
     with running() as receiver:
-        stack = isolated_stack(app_env=_env(project, COUNTERSIGN_WEBHOOKS=config("default", receiver)))
+        stack = isolated_stack(app_env=_env(policy_file, COUNTERSIGN_WEBHOOKS=config("default", receiver)))
         order = new_order(stack.db_path, 300000)
         _grant_first(stack, "sw-1", order)
         assert stack.ingress.wait_invocation(_act(stack, "sw-2", order, "600.00")).json()["outcome"] == "granted"

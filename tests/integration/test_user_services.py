@@ -6,7 +6,6 @@ import asyncio
 import concurrent.futures
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import httpx
@@ -14,56 +13,16 @@ import pytest
 import restate
 from support.approver import submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import StackFactory, free_port, make_app_env
+from support.processes import USER_CODE, StackFactory, free_port, make_app_env, user_services
 
 from countersign.runtime.app import create_app
 from countersign.settings import Settings
 
 MANIFEST_V3 = "application/vnd.restate.endpointmanifest.v3+json"
-USER_MODULE = """
-import restate
-
-greeter = restate.Service("Greeter")
 
 
-@greeter.handler()
-async def greet(ctx: restate.Context, name: str) -> str:
-    return await ctx.run_typed("greeting", lambda: f"hello {name}")
-
-
-counter = restate.VirtualObject("Counter")
-
-
-@counter.handler()
-async def add(ctx: restate.ObjectContext, n: int) -> int:
-    total = (await ctx.get("total", type_hint=int) or 0) + n
-    ctx.set("total", total)
-    return total
-
-
-both = [greeter, counter]
-NOT_A_SERVICE = 42
-clash = restate.Service("AgentRun")
-"""
-
-
-@pytest.fixture()
-def project(tmp_path: Path) -> Path:
-    """A user's project folder with the package `myapp` (the cwd the app is started from)."""
-    package = tmp_path / "project" / "myapp"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "services.py").write_text(textwrap.dedent(USER_MODULE))
-    (package / "broken.py").write_text("raise RuntimeError('boom at import')\n")
-    (package / "typo.py").write_text(
-        "from countersign.integrations.pydantic_ai import CountersignToolset\n"
-        "toolset = CountersignToolset(['issue_refnd'])  # a Pydantic AI agent's tools, misspelt\n"
-    )
-    return package.parent
-
-
-def test_user_services_are_served_beside_countersign(private_stacks: StackFactory, project: Path) -> None:
-    stack = private_stacks(app_env={"COUNTERSIGN_SERVICES": "myapp.services:both", "PYTHONPATH": str(project)})
+def test_user_services_are_served_beside_countersign(private_stacks: StackFactory) -> None:
+    stack = private_stacks(app_env=user_services("myapp.services:both"))
     assert stack.ingress.call("Greeter", None, "greet", "ada").json() == "hello ada"
     assert [stack.ingress.call("Counter", "c1", "add", n).json() for n in (2, 3)] == [2, 5]
     # Countersign's own services and pages, in the same app and registration.
@@ -103,16 +62,16 @@ def test_user_services_are_served_beside_countersign(private_stacks: StackFactor
         ("myapp.services:greeter,myapp.services:both", "a service named 'Greeter' is already served"),
     ],
 )
-def test_a_bad_services_setting_stops_serve_at_start_with_one_line(project: Path, value: str, says: str) -> None:
+def test_a_bad_services_setting_stops_serve_at_start_with_one_line(tmp_path: Path, value: str, says: str) -> None:
     env = {
         "PATH": "/usr/bin:/bin",
-        **make_app_env(ingress_url="http://127.0.0.1:9", outbox_dir=project / "outbox", db_path=project / "b.db"),
+        **make_app_env(ingress_url="http://127.0.0.1:9", outbox_dir=tmp_path / "outbox", db_path=tmp_path / "b.db"),
         "COUNTERSIGN_SERVICES": value,
     }
     bind = f"127.0.0.1:{free_port()}"
     done = subprocess.run(
         [sys.executable, "-m", "countersign", "serve", "--bind", bind],
-        cwd=project,
+        cwd=USER_CODE,  # a user's project folder with the package `myapp`: the cwd the app is started from
         env=env,
         capture_output=True,
         text=True,

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,8 +14,7 @@ import pytest
 from fakes.webhook_receiver import Delivery, WebhookReceiver, config, new_secret, running
 from support.approver import form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import REPO, IsolatedStack, StackFactory, free_port, make_app_env, wait_until
-from test_gate_library import USER_MODULE
+from support.processes import REPO, IsolatedStack, StackFactory, free_port, make_app_env, user_services, wait_until
 from test_operations import cli
 
 from countersign.events.delivery import WebhookEvent, _plan, event_id
@@ -243,19 +241,14 @@ def test_kill9_of_the_handler_during_a_delivery_still_delivers_each_event_once(p
 
 
 def test_a_users_own_gated_call_emits_the_approval_events_and_one_stuck_approval_holds_back_no_other(
-    private_stacks: StackFactory, tmp_path: Path
+    private_stacks: StackFactory,
 ) -> None:
-    project = tmp_path / "project"
-    (project / "myshop").mkdir(parents=True)
-    (project / "myshop" / "__init__.py").write_text("")
-    (project / "myshop" / "agents.py").write_text(textwrap.dedent(USER_MODULE))
     with running() as receiver:
         receiver.refuse_runs.add("lib-stuck")
         stack = private_stacks(
             app_env={
                 **FAST_RETRIES,
-                "COUNTERSIGN_SERVICES": "myshop.agents:served",
-                "PYTHONPATH": str(project),
+                **user_services("myshop.agents:served"),
                 "COUNTERSIGN_WEBHOOKS": config("default", receiver),
             }
         )

@@ -708,6 +708,20 @@ def make_app_env(*, ingress_url: str, outbox_dir: Path, db_path: Path, admin_url
     }
 
 
+USER_CODE = REPO / "tests" / "support" / "user_code"
+"""The users' own code the integration tests serve beside Countersign: one package per user
+(`myshop`, `plandesk`, ...), each module saying which tests serve it. The folder is the app's PYTHONPATH,
+as a deployment puts its own code first (`user_services`); the checkout stays importable as the folder
+the app runs in. Apart from tests/support/user_project, whose `handlers` package would shadow this
+checkout's on the same path."""
+
+
+def user_services(services: str) -> dict[str, str]:
+    """The app's settings serving a user's own services from USER_CODE: `services` is the value of
+    COUNTERSIGN_SERVICES (`myshop.agents:served`), and USER_CODE is the app's PYTHONPATH."""
+    return {"COUNTERSIGN_SERVICES": services, "PYTHONPATH": str(USER_CODE)}
+
+
 def start_registered_app(
     restate: RestateServer, *, env: dict[str, str], log_path: Path, http1: bool = False
 ) -> AppServer:
