@@ -30,21 +30,25 @@ def entry(approval_id: str, kind: AuditKind, entry_id: str, at: float) -> AuditE
     )
 
 
+def waiting_entry(approval_id: str, run_id: str, *, summary: str, requested_at: float) -> InboxEntry:
+    return InboxEntry(
+        approval_id=approval_id,
+        run_id=run_id,
+        tenant="default",
+        tool="issue_refund",
+        summary=summary,
+        digest="0" * 64,
+        round=1,
+        requested_at=requested_at,
+        deadline=4102444800.0,
+    )
+
+
 @older.handler()
 async def wait_for_a_person(ctx: restate.Context, approval_id: str) -> None:
     # What the older version's run sent when it asked: the inbox entry on the approver's shard key,
     # the request in ApprovalAudit itself, and (after a rejection) the sample on the tool's shard key.
-    waiting = InboxEntry(
-        approval_id=approval_id,
-        run_id="older-run",
-        tenant="default",
-        tool="issue_refund",
-        summary="older",
-        digest="0" * 64,
-        round=1,
-        requested_at=1.0,
-        deadline=4102444800.0,
-    )
+    waiting = waiting_entry(approval_id, "older-run", summary="older", requested_at=1.0)
     inbox_shard = shard_key("finance@example.com", approval_id)
     ctx.object_send(apply, key=inbox_shard, arg=InboxEvent(change="add", entry=waiting))
     requested = entry(approval_id, "requested", "requested/r1", 1.0)
@@ -57,17 +61,7 @@ async def wait_for_a_person(ctx: restate.Context, approval_id: str) -> None:
 
 
 def first_waiting(approval_id: str) -> InboxEntry:
-    return InboxEntry(
-        approval_id=approval_id,
-        run_id="first-run",
-        tenant="default",
-        tool="issue_refund",
-        summary="first",
-        digest="0" * 64,
-        round=1,
-        requested_at=1.5,
-        deadline=4102444800.0,
-    )
+    return waiting_entry(approval_id, "first-run", summary="first", requested_at=1.5)
 
 
 @older.handler()
