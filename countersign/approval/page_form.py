@@ -32,12 +32,14 @@ async def submit_form(ctx: WorkflowSharedContext, form: PageSubmission) -> Submi
         links.parse(form.token)
     except LinkInvalid as exc:  # not a link at all (the page never sends one): bad input, a 400
         raise TerminalError(exc.reason, exc.status) from None
-    if await load_header(ctx) is None:
+    header = await load_header(ctx)
+    if header is None:
         # Not saved yet (the email goes out just before), or never: the page waits for the record
         # with reads, as for a GET; nothing is verified, nothing decided.
         return Submitted(takeover="unknown")
     try:
-        claims, record = await linked(ctx, form.token)
+        # The header just read serves the record's lookup too: one state read where there were two.
+        claims, record = await linked(ctx, form.token, header)
     except TerminalError as exc:
         return Submitted(refused=_link_refusal(exc))
     if len(record.batch) > 1:

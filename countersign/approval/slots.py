@@ -21,7 +21,7 @@ from countersign.approval import confirm
 from countersign.approval.edits import EditRejected, apply_edits
 from countersign.approval.plan import apply_plan_edits
 from countersign.approval.question import fields_of, parse_answer
-from countersign.approval.run_state import load_approval, load_header
+from countersign.approval.run_state import RunHeader, load_approval, load_header
 from countersign.approval.standing import checked_seconds
 from countersign.approval.verdict import Verdict, slot_promise
 from countersign.contract import ApprovalRecord, DecisionReceipt
@@ -33,7 +33,11 @@ from countersign.tools import default_registry
 
 
 async def record_of(ctx: WorkflowSharedContext) -> ApprovalRecord | None:
-    header = await load_header(ctx)
+    return await record_in(ctx, await load_header(ctx))
+
+
+async def record_in(ctx: WorkflowSharedContext, header: RunHeader | None) -> ApprovalRecord | None:
+    """This approval's record, listed in `header` (the run header already read); None without one."""
     return await load_approval(ctx, header, ctx.key()) if header else None
 
 
@@ -74,13 +78,19 @@ def check_link(token: str, record: ApprovalRecord) -> LinkCheck:
     return LinkCheck(state=state, slot=claims.slot, now=now)
 
 
-async def linked(ctx: WorkflowSharedContext, token: str) -> tuple[links.LinkClaims, ApprovalRecord]:
-    """What a link claims and the record of this approval it names; a 4xx unless it names this one."""
+async def linked(
+    ctx: WorkflowSharedContext, token: str, header: RunHeader | None = None
+) -> tuple[links.LinkClaims, ApprovalRecord]:
+    """What a link claims and the record of this approval it names; a 4xx unless it names this one.
+    `header`: the run header, if the caller already read it (read here otherwise, and only when the
+    link names this approval)."""
     try:
         claims = links.parse(token)
     except LinkInvalid as exc:
         raise TerminalError(exc.reason, exc.status) from None
-    record = await record_of(ctx) if links.approval_id(claims.run_id, claims.index) == ctx.key() else None
+    record = None
+    if links.approval_id(claims.run_id, claims.index) == ctx.key():
+        record = await (record_of(ctx) if header is None else record_in(ctx, header))
     if record is None:
         raise TerminalError("This link is not valid.", 403)
     return claims, record
