@@ -7,10 +7,13 @@ import email
 import email.policy
 import re
 from collections.abc import Callable
+from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import css_inline
 import pytest
+from jinja2 import FileSystemLoader, TemplateError
 from pydantic import ValidationError
 from support.injection import (
     BIDI,
@@ -25,14 +28,15 @@ from support.injection import (
     value_lines_outside_blocks,
 )
 
-from countersign.contract import ApprovalRecord, Vote
+from countersign.contract import ApprovalRecord, Fact, GrantOffer, TrailStep, Vote
 from countersign.mail.approval_email import approval_request, batch_request
+from countersign.mail.grant_email import grant_receipt
 from countersign.mail.intent import from_tag_value, tag_value
 from countersign.mail.message import MailRejected, OutgoingEmail
 from countersign.mail.outbox import OutboxMailer
 from countersign.mail.outcome_email import outcome_notice
 from countersign.mail.receipt_email import decision_receipt
-from countersign.mail.render import environment
+from countersign.mail.render import environment, styled, stylesheet, template_dir
 from countersign.security import links
 from countersign.settings import Settings
 
@@ -475,3 +479,85 @@ def test_what_happens_next_is_worded_by_who_asked(asked_by: str) -> None:
 
 
 STATES = ("approved", "rejected", "superseded", "failed", "undeliverable", "expired", "cancelled")
+
+
+class _Tags(HTMLParser):
+    """An HTML document as (event, tag, sorted attributes) and text items, whitespace-only text left out."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.items: list[object] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.items.append(("start", tag, sorted(attrs)))
+
+    def handle_endtag(self, tag: str) -> None:
+        self.items.append(("end", tag))
+
+    def handle_data(self, data: str) -> None:
+        if data.strip():
+            self.items.append(data)
+
+
+def _document(html: str) -> list[object]:
+    """What a mail client reads: the HTML parsed as a browser does (tbody added, entities read) and
+    listed element by element, each with its attributes (its inline style among them)."""
+    parsed = _Tags()
+    parsed.feed(css_inline.CSSInliner(load_remote_stylesheets=False).inline(html))
+    return parsed.items
+
+
+def _inlined_per_email(styled_html: str) -> str:
+    """The email as each render used to make it: the template's own HTML (no style attribute, the
+    layout's stylesheet in its head) through the CSS inliner."""
+    layout = FileSystemLoader(template_dir()).get_source(environment(), "_layout.html")[0]
+    css = stylesheet(layout)
+    plain = re.sub(r' style="[^"]*"', "", styled_html).replace("</head>", f"<style>{css}</style>\n</head>", 1)
+    inliner = css_inline.CSSInliner(load_remote_stylesheets=False, keep_style_tags=False, keep_link_tags=False)
+    return inliner.inline(plain)
+
+
+def test_each_email_has_the_inline_styles_that_inlining_each_render_gave() -> None:
+    trail = [TrailStep(index=0, tool="lookup_order", outcome="autonomous", args='{"order_id": 1042}', result="ok")]
+    full = record(trail=trail, context=[Fact(label="Order total", value="$612.40")], args={"note": "a\nb\nc"})
+    offer = GrantOffer(max_uses=3, scope="requester", scope_value="alice@example.com", max_seconds=86400, words="a day")
+    grant = {"key": "k", "grant_id": "g1", "granted_by": "cfo@example.com", "granted_at": 1_767_229_200.0}
+    mails = [
+        approval_request(full, 0, "goal", SETTINGS),
+        reminder(record(), 0, "goal", 2, record().requested_at + 3600, SETTINGS),
+        escalation(record(round=2, nonces=["n1", "n2"]), 1, "goal", "nobody answered within 4 h", SETTINGS),
+        approval_request(record(round=2, nonces=["n1", "n2"]), 0, "g", SETTINGS, "reapproval"),
+        batch_request([record(), record(index=2, approval_id="run-7-a2")], [0, 0], "goal", SETTINGS),
+        *(outcome_notice(decided(), o, SETTINGS, result={"refund_id": 9}) for o in ("executed", "rejected", "failed")),
+        # A long text changed: the receipt's diff has a row of each sign, each with its own class.
+        decision_receipt(decided(args={"note": "a\nb\nc"}), 1, "Firefox", SETTINGS, edits={"note": "a\nB\nc\nd"}),
+        grant_receipt(decided(grant_offer=offer), {**grant, "expires_at": 1_767_315_600.0, "max_uses": 3}, SETTINGS),
+    ]
+    for mail in mails:
+        assert "<style" not in mail.html and ' style="' in mail.html, mail.kind
+        assert _document(mail.html) == _document(_inlined_per_email(mail.html)), mail.kind
+    receipt = mails[-2].html
+    assert all(f'<td class="diff-{sign}" style="' in receipt for sign in ("del", "add", "same"))
+
+
+def test_every_html_template_is_its_source_with_only_inline_styles_added() -> None:
+    plain = FileSystemLoader(template_dir())
+    for name in sorted(p.name for p in template_dir().glob("*.html")):
+        source = plain.get_source(environment(), name)[0]
+        styled_source = environment().loader.get_source(environment(), name)[0]  # type: ignore[union-attr]
+        assert re.sub(r' style="[^"]*"', "", styled_source) == re.sub(r"<style>.*?</style>", "", source, flags=re.S)
+
+
+def test_a_template_whose_styles_cannot_be_inlined_once_is_refused() -> None:
+    css = "p { margin: 0; } .a { color: red; }"
+    assert styled("_x.html", '<p class="a">{{ x }}</p>', css) == (
+        '<p class="a" style="margin: 0;color: red;">{{ x }}</p>'
+    )
+    unreadable = ('<p class="{{ c }}">', '<p style="color: blue">', "<p {% if x %}hidden{% endif %}>", "<td nowrap=1>")
+    for source in unreadable:
+        with pytest.raises(TemplateError):
+            styled("_x.html", source, css)
+    with pytest.raises(TemplateError):
+        styled("x.html", "<p>no layout</p>", css)
+    with pytest.raises(TemplateError):
+        styled("_x.html", "<p>", "table p { color: red; }")
