@@ -60,13 +60,14 @@ class Waiter:
     def event_bound(self) -> int:
         return tally.event_bound(self.policy)
 
-    def count(self, verdict: Verdict) -> Verdict | None:
-        """Record one slot's verdict (saved, and audited if a person's); the deciding verdict if the
-        approval is now decided."""
+    def count(self, verdict: Verdict, *, save: bool = True) -> Verdict | None:
+        """Record one slot's verdict (saved unless `save` is false, and audited if a person's); the
+        deciding verdict if the approval is now decided."""
         self.clock = max(self.clock, verdict.at)
         final = tally.record_vote(self.record, verdict)
         if verdict.slot >= 0:
-            self.book.save()
+            if save:
+                self.book.save()
             if verdict.source == "human":
                 ledger.voted(self.book, self.record, verdict)
         return final
@@ -79,12 +80,17 @@ class Waiter:
             if tally.quorum_reachable(self.record):
                 return None
             return await self.escalate_or_give_up(verdict.reason)
-        final = self.count(verdict)
-        if verdict.source == "human" and verdict.kind in ("approve", "reject"):
-            if final is not None and self.holds_deciding_receipt:
-                self.held_receipt = verdict  # sent with the outcome notice, one step after the effect
-            else:
-                await self.send_receipt(verdict)
+        final = self.count(verdict, save=False)
+        receipt = verdict.source == "human" and verdict.kind in ("approve", "reject")
+        if receipt and final is not None and self.holds_deciding_receipt:
+            self.held_receipt, receipt = verdict, False  # sent with the outcome notice, after the effect
+        if final is None or receipt:
+            # Saved before the approval waits again or a receipt's step runs; a deciding verdict with
+            # neither is saved once, with the approval's conclusion, which every caller of `take` runs
+            # next (`settle`, then `conclude`).
+            self.book.save()
+        if receipt:
+            await self.send_receipt(verdict)
         return final
 
     async def send_receipt(self, verdict: Verdict) -> None:
@@ -118,13 +124,13 @@ class Waiter:
 
     async def settle(self, final: Verdict) -> Verdict:
         """Close the slots still open with a copy of the deciding verdict, so late clicks see it.
-        A person's verdict that raced in was accepted (they were told so): it is recorded and audited."""
+        A person's verdict that raced in was accepted (they were told so): it is recorded and audited.
+        Saved by `conclude`, which every caller runs next."""
         copy = final.model_copy(update={"kind": "close", "closes_as": state_of(final)})
         for late in await self._close(self.open_slots(), copy):
             tally.record_vote(self.record, late)  # recorded, though the approval is decided already
             if late.source == "human":
                 ledger.voted(self.book, self.record, late)
-        self.book.save()
         return final
 
     async def _close(self, slots: list[int], verdict: Verdict) -> list[Verdict]:
