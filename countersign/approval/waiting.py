@@ -113,7 +113,8 @@ class Waiter:
         ledger.closed(self.book, self.record, self.record.active_slots, why=self.record.state)
         by = ", ".join(sorted({v.by for v in self.record.approvals_in_round() if v.by})) or final.by
         via = final.via if final.source == "human" else None
-        self.slack(final_line(self.record.state, by, via, final.at, final.reason), final=True)
+        line = final_line(self.record.state, by, via, final.at, final.reason, question=self.record.kind == "question")
+        self.slack(line, final=True)
         return final
 
     def slack(self, line: str, *, final: bool = False, reminder: bool = False) -> None:

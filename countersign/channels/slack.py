@@ -82,6 +82,8 @@ class ButtonValue(BaseModel):
     g: int | None = None
     """A standing approval may be given with the approval: its longest duration, and (`gw`) its scope in words."""
     gw: str | None = None
+    q: bool | None = None
+    """A question's Decline… button: its modal declines to answer rather than rejects an action."""
 
 
 class ModalState(BaseModel):
@@ -95,6 +97,7 @@ class ModalState(BaseModel):
     ts: str = ""
     c: str | None = None
     g: int | None = None
+    q: bool | None = None
 
 
 def client(settings: Settings | None = None) -> WebClient:
@@ -246,7 +249,7 @@ def _question_blocks(
         blocks.append({"type": "section", "text": _plain(f"The {record.asker}'s goal: {goal}")})
     asked = f"Deadline {_when(record.deadline)} · asked of {record.approvers[slot]} · policy: {record.policy}"
     blocks.append({"type": "context", "elements": [_plain(asked)]})
-    value = ButtonValue(a=record.approval_id, r=record.round, s=slot).model_dump_json(exclude_none=True)
+    value = ButtonValue(a=record.approval_id, r=record.round, s=slot, q=True).model_dump_json(exclude_none=True)
     blocks.append(
         {
             "type": "actions",
@@ -299,8 +302,9 @@ def modal(state: ModalState, summary: str, confirm_value: str | None, grant_word
     """The confirmation step inside Slack: the reason field, when high stakes the typed value, and when
     the policy offers one a standing approval (its scope in words, and how long: "no" by default)."""
     approving = state.v == "approve"
+    verb = "Approve" if approving else "Decline" if state.q else "Reject"
     blocks: list[dict[str, Any]] = [
-        {"type": "section", "text": _plain(f"{'Approve' if approving else 'Reject'}: {summary}")},
+        {"type": "section", "text": _plain(f"{verb}: {summary}")},
         {
             "type": "input",
             "block_id": REASON_BLOCK,
@@ -340,18 +344,29 @@ def modal(state: ModalState, summary: str, confirm_value: str | None, grant_word
         "type": "modal",
         "callback_id": MODAL_CALLBACK,
         "private_metadata": state.model_dump_json(exclude_none=True),
-        "title": _plain("Approve" if approving else "Reject", 24),
-        "submit": _plain("Approve" if approving else "Reject", 24),
+        "title": _plain(verb, 24),
+        "submit": _plain(verb, 24),
         "close": _plain("Cancel", 24),
         "blocks": blocks,
     }
 
 
-def final_line(state: str, by: str | None, via: str | None, at: float | None, reason: str | None) -> str:
-    """The status a decided (or otherwise closed) approval's messages show: who, how, when."""
+def final_line(
+    state: str, by: str | None, via: str | None, at: float | None, reason: str | None, *, question: bool = False
+) -> str:
+    """The status a decided (or otherwise closed) approval's messages show: who, how, when. A question
+    is answered or declined, and nothing was to run."""
     when = f" at {_when(at)}" if at is not None else ""
     how = {"slack": " (decided in Slack)", "email": " (decided by email)"}.get(via or "", "")
     because = f" Reason: {reason}" if reason else ""
+    if question:
+        match state:
+            case "approved" | "approved_with_edits":
+                return f"Answered by {by or 'the approver'}{how}{when}."
+            case "rejected":
+                return f"Declined by {by or 'the approver'}{how}{when}.{because}"
+            case "expired":
+                return f"Expired: nobody answered before the deadline{when}."
     match state:
         case "approved" | "approved_with_edits":
             edited = " with edits" if state == "approved_with_edits" else ""

@@ -114,6 +114,7 @@ class SlackInteractions:
             ts=str(message_ts or ""),
             c=value.c,
             g=value.g,
+            q=value.q,
         )
         token = self.settings.slack_bot_token
         if token is None:

@@ -448,4 +448,6 @@ def test_a_question_in_slack_links_to_its_page_and_is_declined_there(
     [asked] = result["actions"]
     assert (asked["outcome"], asked["reason"], asked["result"]) == ("rejected", "ask the customer", None), asked
     updated = wait_until(lambda: message.updates or None, 30, "the Slack message to be updated")
-    assert f"Rejected by {FINANCE} (decided in Slack)" in texts(updated[-1]["blocks"])
+    closed = texts(updated[-1]["blocks"])
+    assert f"Declined by {FINANCE} (decided in Slack)" in closed and "Reason: ask the customer" in closed
+    assert "Nothing ran" not in closed, "a question is declined, not an action rejected"

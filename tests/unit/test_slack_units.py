@@ -87,6 +87,23 @@ def test_the_modal_asks_for_the_typed_confirmation_of_a_high_stakes_approval() -
     assert reason["optional"] is False, "rejecting needs a reason"
 
 
+def test_a_question_is_declined_in_its_modal_and_its_message_says_answered_or_declined() -> None:
+    """A question's Decline… button opens a modal that declines (a reason is still required); its
+    message ends "Answered by" or "Declined by", never "Nothing ran", as nothing was to run."""
+    view = slack.modal(slack.ModalState(a="q-1-a0", r=1, s=0, v="reject", q=True), "Card or credit?", None)
+    assert (view["title"]["text"], view["submit"]["text"]) == ("Decline", "Decline")
+    [reason] = [b for b in view["blocks"] if b["type"] == "input"]
+    assert reason["optional"] is False
+    assert slack.modal(slack.ModalState(a="a-1", r=1, s=0, v="reject"), "x", None)["title"]["text"] == "Reject"
+    assert slack.final_line("rejected", "f@x.io", "slack", None, "ask the customer", question=True) == (
+        "Declined by f@x.io (decided in Slack). Reason: ask the customer"
+    )
+    assert slack.final_line("approved", "f@x.io", "email", None, None, question=True) == (
+        "Answered by f@x.io (decided by email)."
+    )
+    assert "Nothing ran" not in slack.final_line("expired", None, None, None, None, question=True)
+
+
 def test_signed_payloads_are_verified_and_read() -> None:
     settings = Settings(slack_signing_secret=SecretStr(SIGNING_SECRET))
     view = slack.modal(slack.ModalState(a="a-1", r=2, s=0, v="approve", ch="D1", ts="9.0"), "x", None)
