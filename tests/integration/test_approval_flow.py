@@ -3,42 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import httpx
 from support.approver import form_csrf, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import AppServer, Ingress, RestateServer, wait_until
-
-
-def refund_task(amount: str, order_id: int) -> dict[str, Any]:
-    return {
-        "goal": f"Refund order {order_id} for ${amount}",
-        "requester": "alice@example.com",
-        "script": [
-            {"tool": "lookup_order", "args": {"order_id": order_id}},
-            {
-                "tool": "issue_refund",
-                "args": {"order_id": order_id, "amount_usd": amount, "reason": "damaged in transit"},
-                "why": "The customer sent photos of the damage.",
-            },
-        ],
-    }
-
-
-def wait_pending(ingress: Ingress, run_id: str, timeout: float = 20) -> dict[str, Any]:
-    def pending() -> dict[str, Any] | None:
-        status = ingress.status(run_id)
-        return status if status["pending"] else None
-
-    return wait_until(pending, timeout, f"{run_id} to wait for an approval")
+from support.processes import AppServer, Ingress, RestateServer
+from support.runs import lookup_then_refund_task, wait_pending
 
 
 def test_approve_executes_the_frozen_refund_once(
     app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
 ) -> None:
     order = new_order(demo_db, 125000)
-    assert ingress.start_run(run_id, refund_task("700.00", order)).status_code == 202
+    assert ingress.start_run(run_id, lookup_then_refund_task("700.00", order)).status_code == 202
     status = wait_pending(ingress, run_id)
     [pending] = status["pending"]
     assert pending["tool"] == "issue_refund"
@@ -79,7 +56,7 @@ def test_approve_executes_the_frozen_refund_once(
 def test_reject_reason_reaches_the_model_and_the_result(
     app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
 ) -> None:
-    ingress.start_run(run_id, refund_task("650.00", new_order(demo_db, 90000)))
+    ingress.start_run(run_id, lookup_then_refund_task("650.00", new_order(demo_db, 90000)))
     [mail] = wait_for_email(outbox_dir, run_id)
 
     no_reason = submit(mail.link, "reject", "")
@@ -101,7 +78,7 @@ def test_reject_reason_reaches_the_model_and_the_result(
 def test_get_and_head_never_decide(
     app_server: AppServer, ingress: Ingress, restate_server: RestateServer, outbox_dir: Path, demo_db: Path, run_id: str
 ) -> None:
-    ingress.start_run(run_id, refund_task("600.00", new_order(demo_db, 90000)))
+    ingress.start_run(run_id, lookup_then_refund_task("600.00", new_order(demo_db, 90000)))
     [mail] = wait_for_email(outbox_dir, run_id)
     scanner = {"User-Agent": "Mozilla/5.0 (compatible; HeadlessChrome) SafeLinks"}
     for url in (mail.link, mail.link + "?intent=approve", mail.link + "?intent=reject"):
@@ -122,7 +99,7 @@ def test_autonomous_call_runs_without_asking(
     app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
 ) -> None:
     order = new_order(demo_db, 4500)
-    ingress.start_run(run_id, refund_task("25.00", order))
+    ingress.start_run(run_id, lookup_then_refund_task("25.00", order))
     result = ingress.wait_output(run_id).json()
     assert [a["outcome"] for a in result["actions"]] == ["autonomous", "autonomous"]
     assert refunds_for(demo_db, run_id) == [(f"{run_id}/1", order, 2500)]
@@ -167,7 +144,7 @@ def test_demo_goal_without_script_plans_the_refund(
 def test_cancel_resolves_the_pending_approval(
     app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
 ) -> None:
-    ingress.start_run(run_id, refund_task("640.00", new_order(demo_db, 90000)))
+    ingress.start_run(run_id, lookup_then_refund_task("640.00", new_order(demo_db, 90000)))
     [mail] = wait_for_email(outbox_dir, run_id)
     csrf = form_csrf(mail.link)
     receipt = ingress.call("AgentRun", run_id, "cancel", {"reason": "customer withdrew the claim"})

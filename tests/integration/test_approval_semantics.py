@@ -6,7 +6,6 @@ import concurrent.futures
 import math
 import time
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -14,16 +13,9 @@ import pytest
 from support.approver import form_csrf, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import AppServer, Ingress, IsolatedStack, StackFactory, wait_until
+from support.runs import refund_step, task
 
 from handlers.demo.business_db import connect, transaction
-
-
-def refund_step(order: int, amount: str, **extra: Any) -> dict[str, Any]:
-    return {"tool": "issue_refund", "args": {"order_id": order, "amount_usd": amount, "reason": "r"}, **extra}
-
-
-def task(*steps: dict[str, Any]) -> dict[str, Any]:
-    return {"goal": "semantics test", "requester": "alice@example.com", "script": list(steps)}
 
 
 def policy_stack(isolated_stack: StackFactory, tmp_path: Path, toml: str) -> IsolatedStack:

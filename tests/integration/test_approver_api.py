@@ -14,7 +14,7 @@ import httpx
 from support.approver import wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import AppServer, Ingress
-from test_approval_flow import refund_task, wait_pending
+from support.runs import lookup_then_refund_task, wait_pending
 
 from countersign.settings import Settings
 from countersign.web.api import PREFIX, openapi_document, routes_of
@@ -37,7 +37,7 @@ def test_an_approval_is_read_and_decided_with_an_edit_and_a_refused_edit_decides
     app_server: AppServer, ingress: Ingress, outbox_dir: Path, demo_db: Path, run_id: str
 ) -> None:
     order = new_order(demo_db, 125000)
-    assert ingress.start_run(run_id, refund_task("700.00", order)).status_code == 202
+    assert ingress.start_run(run_id, lookup_then_refund_task("700.00", order)).status_code == 202
     wait_pending(ingress, run_id)
     [mail] = wait_for_email(outbox_dir, run_id)
     item = httpx.get(api_url(app_server, mail.link), timeout=30)
@@ -95,7 +95,7 @@ def test_a_forged_token_and_another_approvals_csrf_are_refused(
     orders = [new_order(demo_db, 125000), new_order(demo_db, 125000)]
     runs = [f"{run_id}-a", f"{run_id}-b"]
     for run, order in zip(runs, orders, strict=True):
-        assert ingress.start_run(run, refund_task("700.00", order)).status_code == 202
+        assert ingress.start_run(run, lookup_then_refund_task("700.00", order)).status_code == 202
     mails = [wait_for_email(outbox_dir, run)[0] for run in runs]
     other_csrf = httpx.get(api_url(app_server, mails[1].link), timeout=30).json()["csrf"]
     refused = decide(app_server, mails[0].link, {"verdict": "approve", "csrf": other_csrf})

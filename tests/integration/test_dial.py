@@ -12,8 +12,9 @@ import httpx
 import pytest
 from support.approver import form_csrf, wait_for_email
 from support.business import new_order
+from support.operator import cli
 from support.processes import StackFactory, wait_until
-from test_operations import cli, refund_task
+from support.runs import refund_task
 
 from countersign.ops.dial import DialRefused, graduate, tighten
 from countersign.tools.policy import evaluate

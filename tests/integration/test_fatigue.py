@@ -10,8 +10,9 @@ from typing import Any
 import httpx
 from support.approver import form_csrf, wait_for_email
 from support.business import new_order
+from support.operator import cli
 from support.processes import StackFactory, wait_until
-from test_operations import cli, refund_task
+from support.runs import refund_task
 
 from countersign.ops.fatigue import fatigue, samples
 

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from support.approver import approval_emails, form_after_restart, form_csrf, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
+from support.operator import cli
 from support.processes import IsolatedStack, user_services, wait_until
-from test_operations import cli
+from support.runs import refund
 
 from countersign.contract import MAX_GOAL, MAX_WHY
 from countersign.objects.audit import AuditLog, verify
@@ -33,10 +34,6 @@ def module_stack_app_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
 def stack(module_stack: IsolatedStack) -> IsolatedStack:
     """The module's stack: each test asks under run ids, object keys and orders of its own."""
     return module_stack
-
-
-def refund(order: int, amount: str) -> dict[str, Any]:
-    return {"order_id": order, "amount_usd": amount, "reason": "damaged in transit"}
 
 
 def raw_call(call: str, run_id: str, index: int | None = None, **rest: Any) -> dict[str, Any]:

@@ -17,9 +17,9 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 from support.approver import LINK, open_page
 from support.business import new_order, refunds_for
+from support.journal import everything_restate_holds
 from support.processes import IsolatedStack, free_port, wait_until
 from support.records import approval_record
-from test_security_journal import everything_restate_holds
 
 from countersign.approval.tally import slot_verdict
 from countersign.contract import ApprovalRecord, Vote

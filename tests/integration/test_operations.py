@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,32 +11,11 @@ import httpx
 import pytest
 from support.approver import form_csrf, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
-from support.processes import REPO, AppServer, Ingress, IsolatedStack, RestateServer, StackFactory, wait_until
+from support.operator import cli, inbox
+from support.processes import AppServer, Ingress, IsolatedStack, RestateServer, StackFactory, wait_until
+from support.runs import refund_task
 
 from countersign.ops import show_view
-
-
-def refund_task(order: int, amount: str = "700.00") -> dict[str, Any]:
-    step = {"tool": "issue_refund", "args": {"order_id": order, "amount_usd": amount, "reason": "r"}}
-    return {"goal": "ops test", "requester": "alice@example.com", "script": [step]}
-
-
-def cli(restate: RestateServer, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        "RESTATE_INGRESS_URL": restate.ingress_url,
-        "RESTATE_ADMIN_URL": restate.admin_url,
-        "COUNTERSIGN_JOURNAL_KEYS": restate.journal_keys,
-        "PATH": "/usr/bin:/bin",
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "countersign", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
-    )
-
-
-def inbox(ingress: Ingress, approver: str) -> list[str]:
-    reply = ingress.call("ApprovalInbox", approver, "pending", None)
-    reply.raise_for_status()
-    return [item["approval_id"] for item in reply.json()["pending"]]
 
 
 def test_inbox_follows_approve_reject_and_cancel(

@@ -19,10 +19,9 @@ from typing import Any
 import httpx
 from support.approver import ApprovalEmail, wait_for_email
 from support.business import new_order
+from support.operator import audit_entries
 from support.processes import AppServer, Ingress, RestateServer, wait_until
-from test_approval_semantics import refund_step, task
-from test_operations import refund_task
-from test_security_ingress import audit_entries
+from support.runs import refund_step, refund_task, task
 
 from countersign.contract import ApprovalRecord, RunStatus, Submitted
 from countersign.security import links

@@ -21,18 +21,13 @@ import httpx
 import pytest
 from support.approver import open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
+from support.operator import audit_entries, cli, inbox
 from support.processes import REPO, AppServer, Ingress, RestateServer, wait_until
-from test_operations import cli, inbox, refund_task
+from support.runs import refund_task
 
 from countersign.objects.audit import GENESIS, AuditEntry, AuditLog, _append, verify
 from countersign.objects.shards import books_key
 from countersign.settings import Settings
-
-
-def audit_entries(ingress: Ingress, approval: str) -> list[dict[str, Any]]:
-    reply = ingress.call("ApprovalAudit", approval, "entries", None)
-    reply.raise_for_status()
-    return list(reply.json()["entries"])
 
 
 def forged_entry(run_id: str, approval: str, kind: str, entry_id: str) -> dict[str, Any]:

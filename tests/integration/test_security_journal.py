@@ -12,43 +12,17 @@ from __future__ import annotations
 import json
 import secrets
 from pathlib import Path
-from typing import Any
 
 import httpx
 from support.approver import submit, wait_for_email
 from support.business import new_order
+from support.journal import everything_restate_holds
 from support.processes import AppServer, Ingress, RestateServer, StackFactory, wait_until
 
 from countersign.objects.inbox import booked_key
 from countersign.objects.shards import books_key
 from countersign.security.codec import ENVELOPE, ENVELOPE_V2, JournalCipher
 from countersign.settings import parse_journal_keys
-
-BINARY_COLUMNS = {"raw", "value", "completion_success_value"}
-
-
-def everything_restate_holds(restate: RestateServer, key: str) -> str:
-    """Every row about workflow `key`, with binary columns (hex in SQL answers) decoded to text."""
-    ids = f"select id from sys_invocation where target_service_key = '{key}'"
-    rows: list[dict[str, Any]] = []
-    for query in (
-        f"select * from sys_journal where id in ({ids})",
-        f"select * from sys_journal_events where id in ({ids})",
-        f"select * from sys_invocation where target_service_key = '{key}'",
-        f"select * from state where service_key = '{key}'",
-        f"select * from sys_promise where service_key = '{key}'",
-        f"select * from sys_inbox where service_key = '{key}'",
-    ):
-        rows += restate.sql(query)
-    assert rows, f"Restate holds nothing about {key}"
-    parts = []
-    for row in rows:
-        for column, value in row.items():
-            if column in BINARY_COLUMNS and isinstance(value, str):
-                parts.append(bytes.fromhex(value).decode("utf-8", errors="replace"))
-            else:
-                parts.append(json.dumps(value))
-    return "\n".join(parts)
 
 
 def markers() -> dict[str, str]:

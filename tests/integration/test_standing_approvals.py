@@ -21,9 +21,9 @@ import pytest
 from fakes.webhook_receiver import Delivery, config, running
 from support.approver import approval_emails, form_csrf, open_page, submit, submit_form, wait_for_email
 from support.business import new_order, refunds_for
+from support.operator import cli
 from support.processes import IsolatedStack, StackFactory, user_services, wait_until
-from test_gate_library import refund
-from test_operations import cli
+from support.runs import refund
 
 from countersign.approval.standing import offer
 from countersign.contract import GrantOffer

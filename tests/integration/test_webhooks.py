@@ -14,8 +14,8 @@ import pytest
 from fakes.webhook_receiver import Delivery, WebhookReceiver, config, new_secret, running
 from support.approver import form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
+from support.operator import cli
 from support.processes import REPO, IsolatedStack, StackFactory, free_port, make_app_env, user_services, wait_until
-from test_operations import cli
 
 from countersign.events.delivery import WebhookEvent, _plan, event_id
 from countersign.settings import Settings, parse_webhooks
