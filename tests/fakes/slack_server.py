@@ -7,7 +7,12 @@ Countersign calls (users.lookupByEmail, users.info, conversations.open, conversa
 chat.postMessage, chat.update, chat.postEphemeral, views.open), refuses a request without the bot
 token, records every request, every posted message (with its updates) and every ephemeral message
 and opened view. `fail("chat.postMessage", ...)` makes a method answer 429 with `Retry-After` or a
-5xx until `heal()`, or for the next N calls.
+5xx until `heal()`, or for the next N calls (faults given one after the other apply in that order);
+with `about=` only the requests whose parameters contain that text (an approval id: one test's
+messages), so tests can share one fake. The look-ups
+take `about` too (a message's metadata, a request's parameters); a view is found by the message
+clicked, an ephemeral message by the user told. A person may have several user ids (`add_user`,
+e.g. one per test, so what Slack tells that id is the test's own); an email finds the first.
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ class Fault:
     retry_after: str | None
     remaining: int | None
     """None: until healed."""
+    about: str | None = None
+    """Only requests whose parameters contain this text; None: every request of the method."""
 
 
 @dataclass
@@ -73,6 +80,8 @@ class Seen:
     method: str
     at: float
     status: int
+    params: str = ""
+    """The request's parameters as JSON (what `about` is looked for in)."""
 
 
 class FakeSlack:
@@ -83,7 +92,8 @@ class FakeSlack:
         self.ephemeral: list[dict[str, Any]] = []
         self.views: list[dict[str, Any]] = []
         self.seen: list[Seen] = []
-        self.faults: dict[str, Fault] = {}
+        self.faults: list[tuple[str, Fault]] = []
+        """(method, fault), in the order given: the first that applies to a request answers it."""
         self._lock = threading.Lock()
         self._clock = 1_700_000_000.0
         self.port = free_port()
@@ -100,20 +110,54 @@ class FakeSlack:
         return f"{self.url}/api/"
 
     # -- test controls -----------------------------------------------------------------------
-    def fail(self, method: str, status: int, *, retry_after: str | None = None, times: int | None = None) -> None:
+    def add_user(self, uid: str, email: str) -> None:
         with self._lock:
-            self.faults[method] = Fault(status, retry_after, times)
+            self.users[uid] = email
 
-    def heal(self) -> None:
+    def fail(
+        self,
+        method: str,
+        status: int,
+        *,
+        retry_after: str | None = None,
+        times: int | None = None,
+        about: str | None = None,
+    ) -> None:
+        """Answer `method` with `status` (for the next `times` calls, else until healed), after the
+        faults given before it for the same requests are used up."""
         with self._lock:
-            self.faults.clear()
+            self.faults.append((method, Fault(status, retry_after, times, about)))
 
-    def calls(self, method: str) -> list[Seen]:
+    def heal(self, about: str | None = None) -> None:
+        """Ends the faults given with this `about` (None: every fault)."""
         with self._lock:
-            return [s for s in self.seen if s.method == method]
+            self.faults = [(m, f) for m, f in self.faults if about is not None and f.about != about]
 
-    def wait_message(self, count: int = 1, timeout: float = 60) -> list[Message]:
-        return wait_until(lambda: list(self.messages) if len(self.messages) >= count else None, timeout, "slack posts")
+    def calls(self, method: str, about: str | None = None) -> list[Seen]:
+        with self._lock:
+            return [s for s in self.seen if s.method == method and (about is None or about in s.params)]
+
+    def messages_about(self, about: str | None = None) -> list[Message]:
+        """The messages posted, or those whose metadata contains `about` (an approval id)."""
+        with self._lock:
+            return [m for m in self.messages if about is None or about in json.dumps(m.metadata)]
+
+    def wait_message(self, count: int = 1, timeout: float = 60, about: str | None = None) -> list[Message]:
+        def posted() -> list[Message] | None:
+            found = self.messages_about(about)
+            return found if len(found) >= count else None
+
+        return wait_until(posted, timeout, "slack posts")
+
+    def views_for(self, message: Message) -> list[dict[str, Any]]:
+        """The modals opened from a click on `message` (by its trigger id, as `click` makes it)."""
+        with self._lock:
+            return [v for v in self.views if str(v.get("trigger_id", "")).endswith(f"-{message.ts}")]
+
+    def told(self, user: str) -> list[dict[str, Any]]:
+        """The ephemeral messages sent to `user`, oldest first."""
+        with self._lock:
+            return [e for e in self.ephemeral if e["user"] == user]
 
     # -- the Web API ---------------------------------------------------------------------------
     def _ts(self) -> str:
@@ -121,16 +165,19 @@ class FakeSlack:
         return f"{self._clock:.6f}"
 
     def _answer(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
-        fault = self.faults.get(method)
+        shown = json.dumps(params)
+        fault = next((f for name, f in self.faults if name == method and (f.about or "") in shown), None)
         if fault is not None:
             if fault.remaining is not None:
                 fault.remaining -= 1
                 if fault.remaining <= 0:
-                    del self.faults[method]
+                    self.faults.remove((method, fault))
             headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
             error = "ratelimited" if fault.status == 429 else "internal_error"
             return fault.status, {"ok": False, "error": error}, headers
-        by_email = {email: uid for uid, email in self.users.items()}
+        by_email: dict[str, str] = {}
+        for user_id, email in self.users.items():
+            by_email.setdefault(email, user_id)
         match method:
             case "users.lookupByEmail":
                 uid = by_email.get(str(params.get("email", "")).lower())
@@ -189,7 +236,7 @@ class FakeSlack:
             params = dict((await request.form()).items())
         with self._lock:
             status, body, headers = self._answer(method, params)
-            self.seen.append(Seen(method, time.monotonic(), status))
+            self.seen.append(Seen(method, time.monotonic(), status, json.dumps(params)))
         return JSONResponse(body, status_code=status, headers=headers)
 
     # -- lifecycle -------------------------------------------------------------------------------

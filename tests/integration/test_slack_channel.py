@@ -1,7 +1,11 @@
 """Slack as an approval channel beside email, against the real slack_sdk and a local fake Slack API.
 
-Each test runs a real restate-server and handlers app whose policy sends `issue_refund` approvals
-through email and Slack; clicks are interactivity payloads signed as Slack signs them.
+The tests share one fake Slack and one restate-server and handlers app per protocol (conftest's
+`module_stack`), whose policy sends `issue_refund` approvals and `ask_a_person` questions through
+email and Slack; clicks are interactivity payloads signed as Slack signs them. Each test looks only
+at what is its own: the messages of its run's approvals (by approval id, in their metadata), the
+modals opened from them and the notes Slack shows to Slack user ids of its own (`people`). Tests that
+kill the app or need another policy or Slack directory start a stack of their own.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +34,57 @@ from countersign.tools import DEMO_TOOLS
 
 FINANCE, FINANCE_ID, EVE_ID = "finance@example.com", "UFIN", "UEVE"
 POLICY = '[tools.issue_refund]\nchannels = ["email", "slack"]\n'
+QUESTIONS = '[tools.ask_a_person]\napprovers = ["finance@example.com"]\nchannels = ["email", "slack"]\n'
 
 
-@pytest.fixture()
-def fake() -> Iterator[FakeSlack]:
-    with running(FakeSlack({FINANCE_ID: FINANCE, EVE_ID: "eve@example.com"})) as slack:
+@pytest.fixture(scope="module")
+def fake(deployment_protocol: str) -> Iterator[FakeSlack]:
+    """One fake Slack per module and protocol, started before the stack whose settings point at it."""
+    with running(FakeSlack({FINANCE_ID: FINANCE})) as slack:
         yield slack
 
 
-def slack_stack(isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, **env: str) -> IsolatedStack:
-    policy = tmp_path / "policy.toml"
-    policy.write_text(POLICY)
-    return isolated_stack(app_env={**slack_env(fake), "APPROVALS_POLICY_FILE": str(policy), **env})
+@pytest.fixture(scope="module")
+def module_stack_app_env(fake: FakeSlack, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The app's settings (conftest's `module_stack`): Slack at the fake; refunds and questions
+    (the demo tools with `ask_a_person`) asked by email and in Slack."""
+    policy = tmp_path_factory.mktemp("slack") / "policy.toml"
+    policy.write_text(POLICY + QUESTIONS)
+    return {
+        **slack_env(fake),
+        "APPROVALS_POLICY_FILE": str(policy),
+        "COUNTERSIGN_TOOLS": "tests.support.questions:TOOLS",
+    }
+
+
+@pytest.fixture()
+def stack(module_stack: IsolatedStack) -> IsolatedStack:
+    """The module's stack: each test runs under run ids (and orders) of its own."""
+    return module_stack
+
+
+@dataclass(frozen=True)
+class People:
+    """Slack user ids of the test's own: what Slack tells them (ephemeral notes) is this test's."""
+
+    finance: str
+    """finance@example.com, the approver (the DM itself goes to FINANCE_ID, the first id of that email)."""
+    eve: str
+    """Someone who is not the approver."""
+
+
+@pytest.fixture()
+def people(fake: FakeSlack, run_id: str) -> People:
+    found = People(finance=f"UFIN-{run_id}", eve=f"UEVE-{run_id}")
+    fake.add_user(found.finance, FINANCE)
+    fake.add_user(found.eve, f"eve-{run_id}@example.com")
+    return found
+
+
+def of_run(run_id: str) -> str:
+    """What the Slack messages of the run's approvals carry: their idempotency keys name the approval
+    ids `<run id>-a<n>` (for the fake's `about=` look-ups)."""
+    return f"/{run_id}-a"
 
 
 def refund(order: int, amount: str = "800.00") -> dict[str, Any]:
@@ -67,10 +111,10 @@ def texts(blocks: Any) -> str:
 
 
 def open_modal(stack: IsolatedStack, fake: FakeSlack, message: Message, user: str, action: str) -> dict[str, Any]:
-    opened = len(fake.views)
+    opened = len(fake.views_for(message))
     assert interact(stack, click(message, user, action)).status_code == 200
-    wait_until(lambda: len(fake.views) > opened, 10, "the modal to open")
-    view: dict[str, Any] = fake.views[-1]["view"]
+    views = wait_until(lambda: v if len(v := fake.views_for(message)) > opened else None, 10, "the modal to open")
+    view: dict[str, Any] = views[-1]["view"]
     return view
 
 
@@ -85,13 +129,12 @@ def decided_entries(stack: IsolatedStack, approval: str) -> list[dict[str, Any]]
 
 
 def test_approve_in_slack_after_refusing_forged_stale_and_wrong_user_clicks(
-    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+    stack: IsolatedStack, fake: FakeSlack, people: People, run_id: str
 ) -> None:
-    stack = slack_stack(isolated_stack, tmp_path, fake)
     order = new_order(stack.db_path, 100000)
     stack.ingress.start_run(run_id, refund(order))
     [mail] = wait_for_email(stack.outbox_dir, run_id)
-    [message] = fake.wait_message()
+    [message] = fake.wait_message(about=of_run(run_id))
     assert message.channel == f"D{FINANCE_ID}", "a DM to the approver, found by their email"
     shown = texts(message.blocks)
     assert "issue_refund" in shown and '"amount_usd": "800.00"' in shown and f'"order_id": {order}' in shown
@@ -101,49 +144,49 @@ def test_approve_in_slack_after_refusing_forged_stale_and_wrong_user_clicks(
     ]
 
     # Forged or replayed payloads: 401, no modal, nothing decided.
-    assert interact(stack, click(message, FINANCE_ID), secret="not-the-secret").status_code == 401
-    assert interact(stack, click(message, FINANCE_ID), at=time.time() - 600).status_code == 401
-    assert fake.views == []
+    assert interact(stack, click(message, people.finance), secret="not-the-secret").status_code == 401
+    assert interact(stack, click(message, people.finance), at=time.time() - 600).status_code == 401
+    assert fake.views_for(message) == []
     # A forged submission straight at the ingress: the workflow verifies the signature itself.
     forged_view = {
         "callback_id": "countersign_decide",
         "private_metadata": json.dumps({"a": f"{run_id}-a0", "r": 1, "s": 0, "v": "approve"}),
     }
-    body, headers = signed(submission(forged_view, FINANCE_ID), secret="not-the-secret")
+    body, headers = signed(submission(forged_view, people.finance), secret="not-the-secret")
     interaction = {
         "body": body,
         "timestamp": headers["x-slack-request-timestamp"],
         "signature": headers["x-slack-signature"],
     }
     assert stack.ingress.call("Approval", f"{run_id}-a0", "slack_decide", interaction).status_code == 401
-    assert interact(stack, submission(forged_view, FINANCE_ID), secret="not-the-secret").status_code == 401
+    assert interact(stack, submission(forged_view, people.finance), secret="not-the-secret").status_code == 401
     assert len(pending(stack, run_id)) == 1
 
     # Someone who is not the approver: refused in Slack, nothing decided.
-    view = open_modal(stack, fake, message, EVE_ID, "countersign_approve")
-    answer = interact(stack, submission(view, EVE_ID, view_id="V-eve"))
+    view = open_modal(stack, fake, message, people.eve, "countersign_approve")
+    answer = interact(stack, submission(view, people.eve, view_id="V-eve"))
     assert answer.status_code == 200 and answer.json() == {"response_action": "clear"}
-    told = wait_until(lambda: [e for e in fake.ephemeral if e["user"] == EVE_ID] or None, 30, "eve to be told")
+    told = wait_until(lambda: fake.told(people.eve) or None, 30, "eve to be told")
     assert "nothing was decided" in told[0]["text"] and FINANCE in told[0]["text"]
     assert len(pending(stack, run_id)) == 1 and decided_entries(stack, f"{run_id}-a0") == []
 
     # Rejecting needs a reason, said in the modal itself.
-    view = open_modal(stack, fake, message, FINANCE_ID, "countersign_reject")
-    refused = interact(stack, submission(view, FINANCE_ID, view_id="V-reject"))
+    view = open_modal(stack, fake, message, people.finance, "countersign_reject")
+    refused = interact(stack, submission(view, people.finance, view_id="V-reject"))
     assert refused.json()["response_action"] == "errors"
 
-    view = open_modal(stack, fake, message, FINANCE_ID, "countersign_approve")
-    assert interact(stack, submission(view, FINANCE_ID, reason="ok", view_id="V-fin")).status_code == 200
+    view = open_modal(stack, fake, message, people.finance, "countersign_approve")
+    assert interact(stack, submission(view, people.finance, reason="ok", view_id="V-fin")).status_code == 200
     result = stack.ingress.wait_output(run_id, timeout=60).json()
     assert result["actions"][0]["outcome"] == "approved"
     assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 80000)]
     # The same submission again (Slack or a person retrying) records nothing new.
-    interact(stack, submission(view, FINANCE_ID, reason="ok", view_id="V-fin"))
-    interact(stack, submission(view, FINANCE_ID, reason="again", view_id="V-fin2"))
-    wait_until(lambda: len([e for e in fake.ephemeral if e["user"] == FINANCE_ID]) >= 2, 30, "the replies")
+    interact(stack, submission(view, people.finance, reason="ok", view_id="V-fin"))
+    interact(stack, submission(view, people.finance, reason="again", view_id="V-fin2"))
+    wait_until(lambda: len(fake.told(people.finance)) >= 2, 30, "the replies")
     assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 80000)]
     [decided] = decided_entries(stack, f"{run_id}-a0")
-    assert decided["actor"] == FINANCE and decided["details"]["client"] == f"slack:{FINANCE_ID}"
+    assert decided["actor"] == FINANCE and decided["details"]["client"] == f"slack:{people.finance}"
 
     updated = wait_until(lambda: message.updates or None, 30, "the Slack message to be updated")
     assert f"Approved by {FINANCE} (decided in Slack)" in texts(updated[-1]["blocks"])
@@ -153,13 +196,13 @@ def test_approve_in_slack_after_refusing_forged_stale_and_wrong_user_clicks(
 
 
 def test_a_malformed_timestamp_is_refused_as_a_forgery_and_an_odd_payload_is_a_400(
-    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+    stack: IsolatedStack, run_id: str
 ) -> None:
     """Anyone can send these: a missing, non-numeric or overlong timestamp (slack_sdk does
     `int(timestamp)`) or a non-ASCII signature is a 401 like a forged signature, on the web route and
     at the ingress (where it must be a terminal refusal, not a step retried until the invocation
     pauses); a signed payload of an unexpected shape is a 400 that says so. Never a 500."""
-    stack = slack_stack(isolated_stack, tmp_path, fake)
+    log_from = stack.app.log_path.stat().st_size
     url = f"{stack.app.url}/slack/interactions"
     form = {b"content-type": b"application/x-www-form-urlencoded"}
     body, headers = signed({"type": "block_actions"})
@@ -200,47 +243,55 @@ def test_a_malformed_timestamp_is_refused_as_a_forgery_and_an_odd_payload_is_a_4
     interaction = {"body": body, "timestamp": "", "signature": "v0=" + "0" * 64}
     answer = stack.ingress.client.post(f"/Approval/{run_id}-a0/slack_decide", json=interaction, timeout=10)
     assert answer.status_code == 401 and "not accepted" in answer.json()["message"], answer.text
-    assert "Traceback" not in stack.app.log_path.read_text()
+    with stack.app.log_path.open("rb") as log:
+        log.seek(log_from)
+        assert b"Traceback" not in log.read(), "what the app logged during this test"
 
 
 def test_slack_down_does_not_hold_the_email_and_its_message_is_updated_once_up(
-    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+    stack: IsolatedStack, fake: FakeSlack, run_id: str
 ) -> None:
-    fake.fail("chat.postMessage", 429, retry_after="2", times=1)
-    stack = slack_stack(isolated_stack, tmp_path, fake)
+    mine = of_run(run_id)  # Slack fails for this run's messages only: the other tests share the fake
+    # Both faults before the run: the 503s must be in place before the retry after Retry-After.
+    fake.fail("chat.postMessage", 429, retry_after="2", times=1, about=mine)
+    fake.fail("chat.postMessage", 503, about=mine)
     order = new_order(stack.db_path, 100000)
     stack.ingress.start_run(run_id, refund(order))
-    wait_until(lambda: fake.calls("chat.postMessage") or None, 30, "the first Slack post (rate limited)")
-    fake.fail("chat.postMessage", 503)
+    wait_until(lambda: fake.calls("chat.postMessage", mine) or None, 30, "the first Slack post (rate limited)")
     [mail] = wait_for_email(stack.outbox_dir, run_id)
     assert submit(mail.link, "approve").status_code == 200
     result = stack.ingress.wait_output(run_id, timeout=60).json()
     assert result["actions"][0]["outcome"] == "approved"
-    assert fake.messages == [], "decided by email while Slack was still failing"
-    posts = wait_until(lambda: p if len(p := fake.calls("chat.postMessage")) >= 2 else None, 30, "a retry")
+    assert fake.messages_about(mine) == [], "decided by email while Slack was still failing"
+    posts = wait_until(lambda: p if len(p := fake.calls("chat.postMessage", mine)) >= 2 else None, 30, "a retry")
     assert posts[0].status == 429 and posts[1].at - posts[0].at >= 1.5, "the retry waited for Retry-After"
 
-    fake.heal()
-    [message] = fake.wait_message(timeout=90)
+    fake.heal(mine)
+    [message] = fake.wait_message(timeout=90, about=mine)
     updated = wait_until(lambda: message.updates or None, 60, "the Slack message to be updated")
     assert f"Approved by {FINANCE} (decided by email)" in texts(updated[-1]["blocks"])
     assert message.buttons == []
     assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 80000)]
-    assert len(fake.messages) == 1, "posted once"
+    assert len(fake.messages_about(mine)) == 1, "posted once"
 
 
 @pytest.mark.slow
 def test_kill9_between_a_slack_click_and_its_recording_decides_once(
-    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+    isolated_stack: StackFactory,
+    module_stack_app_env: dict[str, str],
+    fake: FakeSlack,
+    people: People,
+    run_id: str,
 ) -> None:
-    stack = slack_stack(isolated_stack, tmp_path, fake, COUNTERSIGN_FAULT="crash-before-slack-decision")
+    """On a stack of its own (the module's settings and a crash point): it kills its app."""
+    stack = isolated_stack(app_env={**module_stack_app_env, "COUNTERSIGN_FAULT": "crash-before-slack-decision"})
     order = new_order(stack.db_path, 100000)
     stack.ingress.start_run(run_id, refund(order))
-    [message] = fake.wait_message()
-    view = open_modal(stack, fake, message, FINANCE_ID, "countersign_approve")
+    [message] = fake.wait_message(about=of_run(run_id))
+    view = open_modal(stack, fake, message, people.finance, "countersign_approve")
     # The process that answers is the one the fault kills: its answer may be lost; the record counts.
     with contextlib.suppress(httpx.HTTPError):
-        interact(stack, submission(view, FINANCE_ID, view_id="V-kill"))
+        interact(stack, submission(view, people.finance, view_id="V-kill"))
     wait_until(lambda: not stack.app.alive(), 30, "the fault to kill the handler")
 
     stack.app.env.pop("COUNTERSIGN_FAULT")
@@ -269,21 +320,23 @@ def test_slack_in_a_policy_without_its_settings_stops_the_start(tmp_path: Path) 
 def test_a_reminder_an_expiry_and_a_cancel_rewrite_the_slack_message_in_place(
     isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
 ) -> None:
+    """On a stack of its own: its policy reminds after 2 s and ends the wait after 5 s."""
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY + "reminders_seconds = [2]\ndeadline_seconds = 5\n")
     stack = isolated_stack(app_env={**slack_env(fake), "APPROVALS_POLICY_FILE": str(policy)})
     stack.ingress.start_run(run_id, refund(new_order(stack.db_path, 100000)))
-    [message] = fake.wait_message()
+    [message] = fake.wait_message(about=of_run(run_id))
     reminded = wait_until(lambda: message.updates or None, 30, "the reminder")
     assert "Reminder 1" in texts(reminded[0]["blocks"]) and len(message.buttons) == 2, "still decides"
     wait_until(lambda: len(message.updates) >= 2 or None, 30, "the expiry")
     assert "Expired" in texts(message.current["blocks"]) and message.buttons == []
     assert stack.ingress.wait_output(run_id, timeout=60).json()["actions"][0]["outcome"] == "expired"
-    assert len(fake.messages) == 1, "a reminder rewrites the message, it posts no new one"
+    assert len(fake.messages_about(of_run(run_id))) == 1, "a reminder rewrites the message, it posts no new one"
 
     cancelled = f"{run_id}-c"
     stack.ingress.start_run(cancelled, refund(new_order(stack.db_path, 100000)))
-    [_, second] = fake.wait_message(2)
+    [second] = fake.wait_message(about=of_run(cancelled))
+    assert len(fake.messages_about(of_run(run_id))) == 1
     stack.ingress.call("AgentRun", cancelled, "cancel", {"reason": "customer withdrew"})
     wait_until(lambda: "Cancelled" in texts(second.current["blocks"]) or None, 30, "the cancel")
     assert "customer withdrew" in texts(second.current["blocks"]) and second.buttons == []
@@ -324,7 +377,7 @@ def test_an_escalation_retires_the_first_message_and_the_next_approver_decides_i
         as_posted = dataclasses.replace(first, updates=[])
         stale = open_modal(stack, fake, as_posted, FINANCE_ID, "countersign_approve")
         interact(stack, submission(stale, FINANCE_ID, view_id="V-old"))
-        told = wait_until(lambda: [e for e in fake.ephemeral if e["user"] == FINANCE_ID] or None, 30, "the refusal")
+        told = wait_until(lambda: fake.told(FINANCE_ID) or None, 30, "the refusal")
         assert "escalated" in told[0]["text"] and "changed nothing" in told[0]["text"]
 
         view = open_modal(stack, fake, second, lead_id, "countersign_approve")
@@ -337,33 +390,29 @@ def test_an_escalation_retires_the_first_message_and_the_next_approver_decides_i
 
 
 def test_a_high_stakes_approval_in_slack_needs_the_typed_confirmation(
-    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+    stack: IsolatedStack, fake: FakeSlack, people: People, run_id: str
 ) -> None:
-    policy = tmp_path / "policy.toml"
-    policy.write_text(POLICY)
-    stack = isolated_stack(app_env={**slack_env(fake), "APPROVALS_POLICY_FILE": str(policy)})
     order = new_order(stack.db_path, 150000)
     stack.ingress.start_run(run_id, refund(order, "1200.00"))  # high stakes above $1000
-    [message] = fake.wait_message()
-    view = open_modal(stack, fake, message, FINANCE_ID, "countersign_approve")
+    [message] = fake.wait_message(about=of_run(run_id))
+    view = open_modal(stack, fake, message, people.finance, "countersign_approve")
     [field] = [b for b in view["blocks"] if b.get("block_id") == "confirm"]
     assert json.loads(view["private_metadata"])["c"] == "amount usd"
     assert field["label"]["text"] == "High stakes: type the amount usd (1200.00) to confirm"
 
-    interact(stack, submission(view, FINANCE_ID, confirm="wrong", view_id="V-wrong"))
-    told = wait_until(lambda: [e for e in fake.ephemeral if e["user"] == FINANCE_ID] or None, 30, "the refusal")
+    interact(stack, submission(view, people.finance, confirm="wrong", view_id="V-wrong"))
+    told = wait_until(lambda: fake.told(people.finance) or None, 30, "the refusal")
     assert "high-stakes" in told[0]["text"] and len(pending(stack, run_id)) == 1
 
-    interact(stack, submission(view, FINANCE_ID, confirm="$1,200.00", view_id="V-right"))
+    interact(stack, submission(view, people.finance, confirm="$1,200.00", view_id="V-right"))
     result = stack.ingress.wait_output(run_id, timeout=60).json()
     assert result["actions"][0]["outcome"] == "approved"
     assert refunds_for(stack.db_path, run_id) == [(f"{run_id}/0", order, 120000)]
 
 
 def test_a_batch_reaches_slack_one_message_per_item_and_each_is_decided_there(
-    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+    stack: IsolatedStack, fake: FakeSlack, people: People, run_id: str
 ) -> None:
-    stack = slack_stack(isolated_stack, tmp_path, fake)
     first, second = new_order(stack.db_path, 100000), new_order(stack.db_path, 100000)
     task = refund(first)
     task["script"][0]["also"] = [
@@ -371,14 +420,14 @@ def test_a_batch_reaches_slack_one_message_per_item_and_each_is_decided_there(
     ]
     stack.ingress.start_run(run_id, task)
     [batch_mail] = wait_for_email(stack.outbox_dir, run_id, kind="batch")
-    messages = fake.wait_message(2)
+    messages = fake.wait_message(2, about=of_run(run_id))
     assert len(messages) == 2, "one Slack message per item of the batch, beside the one batch email"
     shown = [texts(m.blocks) for m in messages]
     assert any(f'"order_id": {first}' in s for s in shown) and any(f'"order_id": {second}' in s for s in shown)
     assert refunds_for(stack.db_path, run_id) == [], "nothing runs before the whole turn is decided"
     for n, message in enumerate(messages):
-        view = open_modal(stack, fake, message, FINANCE_ID, "countersign_approve")
-        assert interact(stack, submission(view, FINANCE_ID, reason="ok", view_id=f"V-{n}")).status_code == 200
+        view = open_modal(stack, fake, message, people.finance, "countersign_approve")
+        assert interact(stack, submission(view, people.finance, reason="ok", view_id=f"V-{n}")).status_code == 200
     result = stack.ingress.wait_output(run_id, timeout=60).json()
     assert [a["outcome"] for a in result["actions"]] == ["approved", "approved"]
     assert sorted(r[1] for r in refunds_for(stack.db_path, run_id)) == sorted([first, second])
@@ -386,54 +435,48 @@ def test_a_batch_reaches_slack_one_message_per_item_and_each_is_decided_there(
 
 
 def test_a_standing_approval_given_in_the_slack_modal_covers_the_next_similar_call(
-    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack
+    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, people: People, run_id: str
 ) -> None:
+    """On a stack of its own: its policy offers standing approvals, which the module's does not."""
+    first, second = run_id, f"{run_id}-next"
     policy = tmp_path / "policy.toml"
     policy.write_text(
         POLICY + '[tools.issue_refund.grants]\nmax_seconds = 14400\nmax_uses = 1\nat_most = ["amount_usd"]\n'
     )
     stack = isolated_stack(app_env={**slack_env(fake), "APPROVALS_POLICY_FILE": str(policy)})
     order = new_order(stack.db_path, 300000)
-    stack.ingress.start_run("slack-g1", refund(order))
-    [message] = fake.wait_message()
-    view = open_modal(stack, fake, message, FINANCE_ID, "countersign_approve")
+    stack.ingress.start_run(first, refund(order))
+    [message] = fake.wait_message(about=of_run(first))
+    view = open_modal(stack, fake, message, people.finance, "countersign_approve")
     [field] = [b for b in view["blocks"] if b.get("block_id") == "grant"]
     assert "amount_usd ≤ 800.00" in field["hint"]["text"] and "at most 1 call" in field["hint"]["text"]
     options = [o["value"] for o in field["element"]["options"]]
     assert options == ["none", "3600", "14400"] and field["element"]["initial_option"]["value"] == "none"
 
     # A forged duration (above the policy's maximum) decides nothing, and Slack tells the person why.
-    interact(stack, submission(view, FINANCE_ID, grant="999999", view_id="V-forged"))
-    told = wait_until(lambda: [e for e in fake.ephemeral if e["user"] == FINANCE_ID] or None, 30, "the refusal")
-    assert "standing approval lasts" in told[0]["text"] and len(pending(stack, "slack-g1")) == 1
+    interact(stack, submission(view, people.finance, grant="999999", view_id="V-forged"))
+    told = wait_until(lambda: fake.told(people.finance) or None, 30, "the refusal")
+    assert "standing approval lasts" in told[0]["text"] and len(pending(stack, first)) == 1
 
-    interact(stack, submission(view, FINANCE_ID, grant="3600", view_id="V-grant"))
-    assert stack.ingress.wait_output("slack-g1", timeout=60).json()["actions"][0]["outcome"] == "approved"
-    stack.ingress.start_run("slack-g2", refund(order, "650.00"))
-    [action] = stack.ingress.wait_output("slack-g2", timeout=60).json()["actions"]
-    assert action["outcome"] == "granted" and action["grant_id"] == "g-slack-g1-a0"
+    interact(stack, submission(view, people.finance, grant="3600", view_id="V-grant"))
+    assert stack.ingress.wait_output(first, timeout=60).json()["actions"][0]["outcome"] == "approved"
+    stack.ingress.start_run(second, refund(order, "650.00"))
+    [action] = stack.ingress.wait_output(second, timeout=60).json()["actions"]
+    assert action["outcome"] == "granted" and action["grant_id"] == f"g-{first}-a0"
     assert action["approved_by"] == [FINANCE]
-    assert refunds_for(stack.db_path, "slack-g2") == [("slack-g2/0", order, 65000)]
+    assert refunds_for(stack.db_path, second) == [(f"{second}/0", order, 65000)]
 
 
 def test_a_question_in_slack_links_to_its_page_and_is_declined_there(
-    isolated_stack: StackFactory, tmp_path: Path, fake: FakeSlack, run_id: str
+    stack: IsolatedStack, fake: FakeSlack, people: People, run_id: str
 ) -> None:
     """An agent's `ask_a_person` question reaches Slack as the question, what the form asks, a link to
     its page (answered and checked there, as from the email) and a Decline button; declining in
     Slack ends the question with the reason, and the model's call is rejected."""
-    policy = tmp_path / "policy.toml"
-    policy.write_text('[tools.ask_a_person]\napprovers = ["finance@example.com"]\nchannels = ["email", "slack"]\n')
-    env = {
-        **slack_env(fake),
-        "APPROVALS_POLICY_FILE": str(policy),
-        "COUNTERSIGN_TOOLS": "tests.support.questions:TOOLS",
-    }
-    stack = isolated_stack(app_env=env)
     call = {"tool": "ask_a_person", "args": {"question": "Card or store credit?", "choices": ["card", "credit"]}}
     stack.ingress.start_run(run_id, {"goal": "Refund order 7", "requester": "alice@example.com", "script": [call]})
     [mail] = wait_for_email(stack.outbox_dir, run_id)
-    [message] = fake.wait_message()
+    [message] = fake.wait_message(about=of_run(run_id))
     shown = texts(message.blocks)
     assert "A question for you" in shown and "Card or store credit?" in shown
     assert "Your answer (one of: card, credit)" in shown
@@ -442,8 +485,9 @@ def test_a_question_in_slack_links_to_its_page_and_is_declined_there(
     assert answer_button["url"] == mail.link.split("?", 1)[0], "the question's own signed page"
     assert 'value="card"' in open_page(answer_button["url"]).text
 
-    view = open_modal(stack, fake, message, FINANCE_ID, "countersign_reject")
-    assert interact(stack, submission(view, FINANCE_ID, reason="ask the customer", view_id="V-q")).status_code == 200
+    view = open_modal(stack, fake, message, people.finance, "countersign_reject")
+    declined = interact(stack, submission(view, people.finance, reason="ask the customer", view_id="V-q"))
+    assert declined.status_code == 200
     result = stack.ingress.wait_output(run_id, timeout=60).json()
     [asked] = result["actions"]
     assert (asked["outcome"], asked["reason"], asked["result"]) == ("rejected", "ask the customer", None), asked
