@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any, Literal
 
 from pydantic import BaseModel
+from restate import TerminalError
 
 from countersign.approval import confirm, ledger, standing
 from countersign.approval.edits import EditRejected, apply_edits
@@ -25,6 +26,7 @@ from countersign.approval.run_state import RunBook, RunFacts
 from countersign.approval.verdict import Verdict, state_of
 from countersign.approval.waiting import Waiter, send_step, wait_all
 from countersign.contract import ActionRecord, ApprovalRecord, ApprovalState, Outcome, TrailStep
+from countersign.errors import is_cancellation
 from countersign.events import emit as events
 from countersign.mail.deliver import deliver_each
 from countersign.mail.outcome_email import NoticeOutcome, outcome_notice, send_outcome_notice
@@ -193,6 +195,18 @@ async def decide_and_act(
         ledger.requested(book, record)
         metrics.record_requested(record.tool, record.tenant, waiter.channels())
     [final] = await wait_all(book, [waiter], "request", delivered=None if delivered is None else [delivered])
+    try:
+        return await _on_decision(book, waiter, final, act)
+    except TerminalError as exc:
+        if is_cancellation(exc):  # a hard cancel while acting: the approver still hears of their vote
+            await waiter.send_held_receipt()
+        raise
+
+
+async def _on_decision(book: RunBook, waiter: Waiter, final: Verdict, act: Act) -> GateResult:
+    """`decide_and_act` once decided: a standing approval kept, the action run (or only reported),
+    the requester told, the approval's records closed."""
+    record = waiter.record
     _observe_decision(record, final, since=record.requested_at)
     if final.kind == "approve" and final.grant_seconds and record.grant_offer is not None and final.by:
         # The approver also gave a standing approval: kept before the action runs, told to them once.

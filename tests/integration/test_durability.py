@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from support.approver import form_csrf, submit, wait_for_email
+from support.approver import approval_emails, form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import StackFactory, wait_until
 
@@ -86,3 +87,36 @@ def test_kill9_handler_inside_the_tool_step_runs_the_effect_once(isolated_stack:
     assert result["actions"][0]["outcome"] == "approved"
     assert result["actions"][0]["result"]["order_id"] == order
     assert refunds_for(stack.db_path, "kill-mid-step") == [("kill-mid-step/0", order, 80000)]
+
+
+def test_a_hard_cancel_while_the_approved_action_runs_still_sends_the_approvers_receipt(
+    private_stacks: StackFactory, tmp_path: Path
+) -> None:
+    """The receipt of the vote that decides waits to go out with the outcome notice, after the action;
+    a hard cancel of the approval's workflow while the action runs (Restate's own cancel) still sends it."""
+    held = tmp_path / "held"
+    held.mkdir()
+    stack = private_stacks(app_env={"COUNTERSIGN_TOOLS": "tests.support.held_tools:TOOLS", "HELD_TOOLS_DIR": str(held)})
+    args = {"customer_id": "c_17", "subject": "Hello", "body": "Hi"}
+    task = {"goal": "Say hello", "requester": "alice@example.com", "script": [{"tool": "email_held", "args": args}]}
+    stack.ingress.start_run("cancel-held", task)
+    [mail] = wait_for_email(stack.outbox_dir, "cancel-held")
+    assert submit(mail.link, "approve").status_code == 200
+    wait_until(lambda: (held / "cancel-held.started").exists(), 30, "the approved action to start")
+    assert not approval_emails(stack.outbox_dir, "cancel-held", "receipt"), "held for the outcome's step"
+
+    [workflow] = [
+        row["id"]
+        for row in stack.restate.invocation_statuses("Approval", "cancel-held-a0")
+        if row["target_handler_name"] == "run"
+    ]
+    cancelled = httpx.patch(f"{stack.restate.admin_url}/invocations/{workflow}/cancel", timeout=10)
+    assert cancelled.is_success, cancelled.text
+    try:
+        [receipt] = wait_for_email(stack.outbox_dir, "cancel-held", kind="receipt")
+    finally:
+        (held / "cancel-held.go").touch()  # the action's step may still be waiting: let it end
+    assert "You approved" in receipt.text
+    # The cancel ends the approval's workflow, and the run that called it ends with the same 409.
+    result = stack.ingress.wait_output("cancel-held", timeout=60).json()
+    assert (result["code"], result["message"]) == (409, "cancelled"), result
