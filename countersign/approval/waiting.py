@@ -60,16 +60,13 @@ class Waiter:
     def event_bound(self) -> int:
         return tally.event_bound(self.policy)
 
-    def count(self, verdict: Verdict, *, save: bool = True) -> Verdict | None:
-        """Record one slot's verdict (saved unless `save` is false, and audited if a person's); the
-        deciding verdict if the approval is now decided."""
+    def count(self, verdict: Verdict) -> Verdict | None:
+        """Record one slot's verdict (audited if a person's; the caller saves it); the deciding
+        verdict if the approval is now decided."""
         self.clock = max(self.clock, verdict.at)
         final = tally.record_vote(self.record, verdict)
-        if verdict.slot >= 0:
-            if save:
-                self.book.save()
-            if verdict.source == "human":
-                ledger.voted(self.book, self.record, verdict)
+        if verdict.slot >= 0 and verdict.source == "human":
+            ledger.voted(self.book, self.record, verdict)
         return final
 
     async def take(self, verdict: Verdict) -> Verdict | None:
@@ -77,10 +74,11 @@ class Waiter:
         and when an approver cannot be reached, go on without them if the others can still decide."""
         if verdict.kind == "undeliverable" and verdict.slot >= 0:
             self.count(verdict)
+            self.book.save()
             if tally.quorum_reachable(self.record):
                 return None
             return await self.escalate_or_give_up(verdict.reason)
-        final = self.count(verdict, save=False)
+        final = self.count(verdict)
         receipt = verdict.source == "human" and verdict.kind in ("approve", "reject")
         if receipt and final is not None and self.holds_deciding_receipt:
             self.held_receipt, receipt = verdict, False  # sent with the outcome notice, after the effect
