@@ -111,7 +111,8 @@ class Waiter:
         ledger.closed(self.book, self.record, self.record.active_slots, why=self.record.state)
         by = ", ".join(sorted({v.by for v in self.record.approvals_in_round() if v.by})) or final.by
         via = final.via if final.source == "human" else None
-        line = final_line(self.record.state, by, via, final.at, final.reason, question=self.record.kind == "question")
+        question = self.record.kind == "question"
+        line = final_line(self.record.state, by, via, final.at, final.reason, question=question, source=final.source)
         self.slack(line, final=True)
         return final
 

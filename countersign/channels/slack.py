@@ -352,21 +352,36 @@ def modal(state: ModalState, summary: str, confirm_value: str | None, grant_word
 
 
 def final_line(
-    state: str, by: str | None, via: str | None, at: float | None, reason: str | None, *, question: bool = False
+    state: str,
+    by: str | None,
+    via: str | None,
+    at: float | None,
+    reason: str | None,
+    *,
+    question: bool = False,
+    source: str = "human",
 ) -> str:
     """The status a decided (or otherwise closed) approval's messages show: who, how, when. A question
-    is answered or declined, and nothing was to run."""
+    is answered or declined, and nothing was to run. `source` is the decision's (DecisionSource): an
+    approval the deadline let through was approved by nobody."""
     when = f" at {_when(at)}" if at is not None else ""
     how = {"slack": " (decided in Slack)", "email": " (decided by email)"}.get(via or "", "")
     because = f" Reason: {reason}" if reason else ""
+    by_deadline = source == "deadline_default" and state in ("approved", "approved_with_edits")
     if question:
         match state:
+            case _ if by_deadline:
+                return f"Nobody answered before the deadline{when}: the default answer stands."
             case "approved" | "approved_with_edits":
                 return f"Answered by {by or 'the approver'}{how}{when}."
             case "rejected":
                 return f"Declined by {by or 'the approver'}{how}{when}.{because}"
             case "expired":
                 return f"Expired: nobody answered before the deadline{when}."
+            case "cancelled":
+                return f"Cancelled{when}: it takes no answer now.{because}"
+    if by_deadline:
+        return f"Nobody decided before the deadline{when}: the policy let it run."
     match state:
         case "approved" | "approved_with_edits":
             edited = " with edits" if state == "approved_with_edits" else ""

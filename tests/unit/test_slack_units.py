@@ -102,6 +102,19 @@ def test_a_question_is_declined_in_its_modal_and_its_message_says_answered_or_de
         "Answered by f@x.io (decided by email)."
     )
     assert "Nothing ran" not in slack.final_line("expired", None, None, None, None, question=True)
+    cancelled = slack.final_line("cancelled", None, None, None, "asked by mistake", question=True)
+    assert cancelled == "Cancelled: it takes no answer now. Reason: asked by mistake"
+    assert slack.final_line("approved", None, None, None, None, question=True, source="deadline_default") == (
+        "Nobody answered before the deadline: the default answer stands."
+    )
+
+
+def test_an_approval_the_deadline_let_through_says_nobody_approved_it() -> None:
+    line = slack.final_line(
+        "approved", None, None, None, "the deadline passed; policy allows it", source="deadline_default"
+    )
+    assert line == "Nobody decided before the deadline: the policy let it run."
+    assert slack.final_line("approved", "f@x.io", "slack", None, None) == "Approved by f@x.io (decided in Slack)."
 
 
 def test_signed_payloads_are_verified_and_read() -> None:
