@@ -91,8 +91,16 @@ def form_of(model: type[BaseModel]) -> list[QuestionField]:
         raise AnswerModelError(f"answer_model must be a pydantic model class, not {model!r:.80}")
     name = model.__name__
     decorators = model.__pydantic_decorators__
-    if decorators.field_validators or decorators.model_validators or decorators.validators:
-        raise AnswerModelError(f"{name} has validators the answer page cannot run: use field bounds instead")
+    checked = ", ".join(
+        sorted(
+            {f for d in decorators.field_validators.values() for f in d.info.fields}
+            | {f for d in decorators.validators.values() for f in d.info.fields}
+        )
+    )
+    if checked:
+        raise AnswerModelError(f"{name}.{checked}: a validator the answer page cannot run; use field bounds instead")
+    if decorators.model_validators or decorators.root_validators:
+        raise AnswerModelError(f"{name} has a model validator the answer page cannot run; use field bounds instead")
     if not model.model_fields:
         raise AnswerModelError(f"{name} has no fields to ask for")
     if len(model.model_fields) > MAX_FIELDS:
