@@ -43,6 +43,8 @@ ItemKind = Literal["text", "integer", "number", "choice"]
 Scalar = str | int | float
 _TRUE = {"on", "true", "yes", "1"}
 _FALSE = {"", "off", "false", "no", "0"}
+_NOT_GIVEN = object()
+"""A field's value when it was left empty: the answer leaves it out, so it gets the model's default."""
 _BOUNDS = {
     annotated_types.Ge: "ge",
     annotated_types.Gt: "gt",
@@ -234,31 +236,47 @@ def _checker(fields: list[QuestionField]) -> type[BaseModel]:
 
 def from_form(fields: list[QuestionField], values: Mapping[str, str]) -> dict[str, Any]:
     """An answer's JSON from a form's text values (one item a line for a list; a checkbox sends
-    `on` or nothing); EditRejected for a value of the wrong shape."""
+    `on`, or its hidden empty value for false); EditRejected naming each value of the wrong shape.
+
+    A field left empty (or left out) is not given: an optional field is then left out of the answer,
+    so it gets the model's default (`None` for an `X | None`), never `""`. A required field not given
+    is refused as unanswered, except a list (its items are then none, which its own `min_length` may
+    refuse) and a text whose model allows the empty text (`min_length=0`), sent as `""`."""
     by_name = {f.name: f for f in fields}
     if unknown := sorted(set(values) - set(by_name)):
         raise EditRejected(f"the question has no field {', '.join(unknown)[:200]}")
     answer: dict[str, Any] = {}
+    problems: list[str] = []
     for f in fields:
-        raw = values.get(f.name, "")
-        if f.kind == "boolean":
-            if raw.strip().lower() not in _TRUE | _FALSE:
-                raise EditRejected(f"{f.label}: tick the box or leave it empty")
-            answer[f.name] = raw.strip().lower() in _TRUE
+        try:
+            given = _given(f, values.get(f.name))
+        except EditRejected as exc:
+            problems.append(str(exc))
             continue
-        if f.kind == "list":
-            lines = [line.strip() for line in raw.splitlines() if line.strip()]
-            if lines or f.required:
-                answer[f.name] = [_one(f, line) for line in lines]
-            continue
-        if raw.strip() == "" and f.kind != "text":
-            if f.required:
-                raise EditRejected(f"{f.label}: an answer is required")
-            continue
-        if raw.strip() == "" and f.required and f.bounds.get("min_length", 1):
-            raise EditRejected(f"{f.label}: an answer is required")
-        answer[f.name] = _one(f, raw if f.kind == "text" else raw.strip())
+        if given is not _NOT_GIVEN:
+            answer[f.name] = given
+    if problems:
+        raise EditRejected("; ".join(problems))
     return answer
+
+
+def _given(f: QuestionField, raw: str | None) -> Any:
+    """One field's answer from its form value (`_NOT_GIVEN` for the model's default), as `from_form` says."""
+    if raw is None or (raw.strip() == "" and f.kind != "boolean"):
+        if not f.required:
+            return _NOT_GIVEN
+        if f.kind == "list":
+            return []
+        if f.kind == "text" and raw is not None and f.bounds.get("min_length") == 0:
+            return raw
+        raise EditRejected(f"{f.label}: an answer is required")
+    if f.kind == "boolean":
+        if raw.strip().lower() not in _TRUE | _FALSE:
+            raise EditRejected(f"{f.label}: tick the box or leave it empty")
+        return raw.strip().lower() in _TRUE
+    if f.kind == "list":
+        return [_one(f, line.strip()) for line in raw.splitlines() if line.strip()]
+    return _one(f, raw if f.kind == "text" else raw.strip())
 
 
 def _one(f: QuestionField, raw: str) -> Any:

@@ -1,5 +1,6 @@
-"""Unit tests: the form a pydantic answer model becomes (`form_of`) and what it refuses, each refusal
-naming the field (or the model) and what is outside the form's subset."""
+"""Unit tests: the form a pydantic answer model becomes (`form_of`), what it refuses and why, and an
+answer's way back: its JSON as form values (`form_values`), checked against the frozen form
+(`parse_answer`) into the model's JSON, each bad value named with its field and nothing returned."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ from typing import Annotated, Any, Literal
 import pytest
 from pydantic import AfterValidator, BaseModel, Field, create_model, field_validator, model_validator
 
+from countersign.approval.edits import EditRejected
 from countersign.approval.question import (
     MAX_CHOICES,
     MAX_FIELDS,
     MAX_LIST_ITEMS,
     AnswerModelError,
     form_of,
+    form_values,
+    parse_answer,
 )
 
 
@@ -148,3 +152,134 @@ def test_the_limits_themselves_are_inside_the_subset() -> None:
     assert pick.choices == list(choices)
     [tags] = form_of(_model("Tags", tags=(list[str], Field(max_length=500))))
     assert tags.bounds["max_length"] == MAX_LIST_ITEMS, "a list asks at most MAX_LIST_ITEMS items"
+
+
+class Everything(BaseModel):
+    account: str = Field(min_length=3)
+    note: str | None = None
+    signature: str = "n/a"
+    count: int = Field(ge=0)
+    ratio: float
+    urgent: bool
+    notify: bool = True
+    draft: Literal["short", "long"]
+    colour: Colour
+    size: Size = Size.LARGE
+    tags: list[str] = Field(default_factory=list, max_length=3)
+    counts: list[int] = Field(default_factory=list)
+    sizes: list[Size] = Field(default_factory=list)
+    limit: int | None = None
+
+
+FULL = Everything(
+    account="DE89-3704\nsecond line",
+    note="call first",
+    signature="Ops",
+    count=7,
+    ratio=0.25,
+    urgent=True,
+    notify=False,
+    draft="long",
+    colour=Colour.BLUE,
+    size=Size.SMALL,
+    tags=["vip", "repeat", "x"],
+    counts=[1, -2],
+    sizes=[Size.LARGE, Size.SMALL],
+    limit=0,
+)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        FULL,
+        Everything(account="abc", count=0, ratio=-1.5, urgent=False, draft="short", colour=Colour.RED),
+        FULL.model_copy(update={"tags": ["a", "b", "c"], "counts": list(range(MAX_LIST_ITEMS))}),
+    ],
+    ids=["every-field-given", "defaults-left", "lists-at-their-limits"],
+)
+def test_an_answer_sent_as_json_comes_back_as_the_same_typed_answer(answer: Everything) -> None:
+    sent = answer.model_dump(mode="json")
+    got = parse_answer(form_of(Everything), form_values(sent))
+    assert got == sent
+    assert Everything.model_validate(got) == answer
+
+
+def test_the_pages_list_is_one_item_a_line_blank_lines_left_out() -> None:
+    fields = form_of(Everything)
+    typed = {"account": "abc", "count": "1", "ratio": "1", "urgent": "", "draft": "short", "colour": "red"}
+    got = parse_answer(fields, {**typed, "tags": " vip \n\nrepeat\r\n", "counts": "3\n4", "sizes": "2\n1"})
+    assert (got["tags"], got["counts"], got["sizes"]) == (["vip", "repeat"], [3, 4], [2, 1])
+
+
+REQUIRED = {"account": "abc", "count": "1", "ratio": "1", "urgent": "", "draft": "short", "colour": "red"}
+"""The page's values for Everything's required fields, every optional one left empty or out."""
+
+
+@pytest.mark.parametrize("empty", ["", "   ", None], ids=["empty", "blank", "left-out"])
+def test_an_optional_field_left_empty_is_the_models_default(empty: str | None) -> None:
+    optional = ("note", "signature", "size", "tags", "counts", "sizes", "limit")
+    values = REQUIRED if empty is None else {**REQUIRED, **dict.fromkeys(optional, empty)}
+    got = parse_answer(form_of(Everything), values)
+    defaults: dict[str, object] = {
+        "note": None,
+        "signature": "n/a",
+        "size": 2,
+        "tags": [],
+        "counts": [],
+        "sizes": [],
+        "limit": None,
+    }
+    assert {name: got[name] for name in optional} == defaults
+    assert got["notify"] is True, "a checkbox left out (not sent at all) is its default"
+
+
+def test_an_unticked_box_is_false_and_a_required_box_left_out_is_unanswered() -> None:
+    fields = form_of(Everything)
+    assert parse_answer(fields, {**REQUIRED, "notify": ""})["notify"] is False
+    assert parse_answer(fields, {**REQUIRED, "urgent": "on"})["urgent"] is True
+    with pytest.raises(EditRejected, match=r"^Urgent: an answer is required$"):
+        parse_answer(fields, {k: v for k, v in REQUIRED.items() if k != "urgent"})
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_a_required_text_left_empty_is_refused_unless_the_model_allows_the_empty_text(empty: str) -> None:
+    with pytest.raises(EditRejected, match=r"^Account: an answer is required$"):
+        parse_answer(form_of(Everything), {**REQUIRED, "account": empty})
+    with pytest.raises(EditRejected, match=r"^Note: an answer is required$"):
+        parse_answer(form_of(_model("Plain", note=(str, ...))), {"note": empty})
+    assert parse_answer(form_of(_model("Blank", note=(str, Field(min_length=0)))), {"note": empty}) == {"note": empty}
+
+
+@pytest.mark.parametrize(
+    ("changed", "problem"),
+    [
+        ({"count": "seven"}, "count: Input should be a valid integer"),
+        ({"count": "-1"}, "count: Input should be greater than or equal to 0"),
+        ({"ratio": "a quarter"}, "ratio: Input should be a valid number"),
+        ({"account": "ab"}, "account: String should have at least 3 characters"),
+        ({"urgent": "maybe"}, "Urgent: tick the box or leave it empty"),
+        ({"draft": "poem"}, "Draft: 'poem' is not one of the choices (short, long)"),
+        ({"colour": "green"}, "Colour: 'green' is not one of the choices (red, blue)"),
+        ({"size": "3"}, "Size: '3' is not one of the choices (1, 2)"),
+        ({"sizes": "1\n3"}, "Sizes: '3' is not one of the choices (1, 2)"),
+        ({"tags": "a\nb\nc\nd"}, "tags: List should have at most 3 items after validation, not 4"),
+        ({"counts": "1\ntwo"}, "counts.1: Input should be a valid integer"),
+        ({"colour": ""}, "Colour: an answer is required"),
+        (
+            {"colour": "green", "draft": "poem"},
+            "Draft: 'poem' is not one of the choices (short, long); Colour: 'green'",
+        ),
+        (
+            {"count": "x", "ratio": "y"},
+            "count: Input should be a valid integer, unable to parse string as an integer; ratio:",
+        ),
+        ({"shoe_size": "44"}, "the question has no field shoe_size"),
+    ],
+)
+def test_a_bad_value_is_named_with_its_field_and_nothing_is_returned(changed: dict[str, str], problem: str) -> None:
+    fields = form_of(Everything)
+    assert parse_answer(fields, REQUIRED)["count"] == 1, "the values without the change are an answer"
+    with pytest.raises(EditRejected) as refused:
+        parse_answer(fields, {**REQUIRED, **changed})
+    assert problem in str(refused.value)
