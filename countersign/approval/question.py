@@ -14,6 +14,7 @@ what is wrong, deciding nothing. Pure: no clock, no I/O, the same answer on ever
 from __future__ import annotations
 
 import enum
+import json
 import types
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -235,7 +236,7 @@ def _checker(fields: list[QuestionField]) -> type[BaseModel]:
 
 
 def from_form(fields: list[QuestionField], values: Mapping[str, str]) -> dict[str, Any]:
-    """An answer's JSON from a form's text values (one item a line for a list; a checkbox sends
+    """An answer's JSON from a form's text values (a list as `_list_items` reads it; a checkbox sends
     `on`, or its hidden empty value for false); EditRejected naming each value of the wrong shape.
 
     A field left empty (or left out) is not given: an optional field is then left out of the answer,
@@ -275,8 +276,22 @@ def _given(f: QuestionField, raw: str | None) -> Any:
             raise EditRejected(f"{f.label}: tick the box or leave it empty")
         return raw.strip().lower() in _TRUE
     if f.kind == "list":
-        return [_one(f, line.strip()) for line in raw.splitlines() if line.strip()]
+        return [_one(f, item) for item in _list_items(f, raw)]
     return _one(f, raw if f.kind == "text" else raw.strip())
+
+
+def _list_items(f: QuestionField, raw: str) -> list[str]:
+    """A list's items from its form value: a JSON array (how `form_values` writes a list, so that an
+    item sent as JSON keeps its line breaks), or else one item a line (the page's text area)."""
+    try:
+        items = json.loads(raw) if raw.lstrip().startswith("[") else None
+    except (ValueError, RecursionError):  # not JSON, or nested past what it parses
+        items = None
+    if not isinstance(items, list):
+        return [line.strip() for line in raw.splitlines() if line.strip()]
+    if bad := [i for i in items if not isinstance(i, str | int | float) or isinstance(i, bool)]:
+        raise EditRejected(f"{f.label}: each item must be a text or a number, not {json.dumps(bad[0])[:40]}")
+    return [str(i) for i in items]
 
 
 def _one(f: QuestionField, raw: str) -> Any:
@@ -290,8 +305,8 @@ def _one(f: QuestionField, raw: str) -> Any:
 
 
 def form_values(answer: Mapping[str, Any]) -> dict[str, str]:
-    """The form's text values of a JSON answer (true is a ticked box, a list one item a line; null
-    is left out), so that an answer given as JSON takes the form's path and checks."""
+    """The form's text values of a JSON answer (true is a ticked box, a list a JSON array, its items
+    whole; null is left out), so that an answer given as JSON takes the form's path and checks."""
     values: dict[str, str] = {}
     for name, value in answer.items():
         if value is None:
@@ -299,7 +314,7 @@ def form_values(answer: Mapping[str, Any]) -> dict[str, str]:
         if isinstance(value, bool):
             values[name] = "on" if value else ""
         elif isinstance(value, list):
-            values[name] = "\n".join(str(v) for v in value)
+            values[name] = json.dumps(value)
         else:
             values[name] = str(value)
     return values

@@ -182,7 +182,7 @@ FULL = Everything(
     draft="long",
     colour=Colour.BLUE,
     size=Size.SMALL,
-    tags=["vip", "repeat", "x"],
+    tags=["vip\nrepeat", "  spaced  ", "x"],
     counts=[1, -2],
     sizes=[Size.LARGE, Size.SMALL],
     limit=0,
@@ -203,6 +203,12 @@ def test_an_answer_sent_as_json_comes_back_as_the_same_typed_answer(answer: Ever
     got = parse_answer(form_of(Everything), form_values(sent))
     assert got == sent
     assert Everything.model_validate(got) == answer
+
+
+def test_a_list_sent_as_a_json_array_keeps_each_item_whole() -> None:
+    values = form_values({"tags": ["vip\nrepeat", "second"]})
+    got = parse_answer(form_of(_model("Tagged", tags=(list[str], ...))), values)
+    assert got == {"tags": ["vip\nrepeat", "second"]}
 
 
 def test_the_pages_list_is_one_item_a_line_blank_lines_left_out() -> None:
@@ -264,6 +270,8 @@ def test_a_required_text_left_empty_is_refused_unless_the_model_allows_the_empty
         ({"size": "3"}, "Size: '3' is not one of the choices (1, 2)"),
         ({"sizes": "1\n3"}, "Sizes: '3' is not one of the choices (1, 2)"),
         ({"tags": "a\nb\nc\nd"}, "tags: List should have at most 3 items after validation, not 4"),
+        ({"tags": '["a", "b", "c", "d"]'}, "tags: List should have at most 3 items after validation, not 4"),
+        ({"tags": '["a", {"b": 1}]'}, 'Tags: each item must be a text or a number, not {"b": 1}'),
         ({"counts": "1\ntwo"}, "counts.1: Input should be a valid integer"),
         ({"colour": ""}, "Colour: an answer is required"),
         (
@@ -283,3 +291,18 @@ def test_a_bad_value_is_named_with_its_field_and_nothing_is_returned(changed: di
     with pytest.raises(EditRejected) as refused:
         parse_answer(fields, {**REQUIRED, **changed})
     assert problem in str(refused.value)
+
+
+def test_a_list_item_beyond_the_list_limit_sent_as_json_is_refused() -> None:
+    fields = form_of(_model("Counts", counts=(list[int], ...)))
+    within = list(range(MAX_LIST_ITEMS))
+    assert parse_answer(fields, form_values({"counts": within})) == {"counts": within}
+    with pytest.raises(EditRejected, match=f"counts: List should have at most {MAX_LIST_ITEMS} items"):
+        parse_answer(fields, form_values({"counts": [*within, 0]}))
+
+
+def test_a_value_that_only_looks_like_a_json_array_is_read_one_item_a_line() -> None:
+    fields = form_of(_model("Tagged", tags=(list[str], ...)))
+    assert parse_answer(fields, {"tags": "[draft]\n[final"}) == {"tags": ["[draft]", "[final"]}
+    deep = "[" * 100_000
+    assert parse_answer(fields, {"tags": deep}) == {"tags": [deep]}, "nesting past the parser's depth is text"
