@@ -1,27 +1,33 @@
 """Unit tests: the form a pydantic answer model becomes (`form_of`), what it refuses and why, and an
 answer's way back: its JSON as form values (`form_values`), checked against the frozen form
-(`parse_answer`) into the model's JSON, each bad value named with its field and nothing returned."""
+(`parse_answer`) into the model's JSON, each bad value named with its field and nothing returned;
+and the page's form for whole numbers and enums, rendered in process."""
 
 from __future__ import annotations
 
 import enum
 import re
 import warnings
+from html.parser import HTMLParser
 from typing import Annotated, Any, Literal
 
 import pytest
 from pydantic import AfterValidator, BaseModel, Field, create_model, field_validator, model_validator
+from support.records import approval_record
 
 from countersign.approval.edits import EditRejected
 from countersign.approval.question import (
     MAX_CHOICES,
     MAX_FIELDS,
     MAX_LIST_ITEMS,
+    QUESTION_TOOL,
     AnswerModelError,
     form_of,
     form_values,
     parse_answer,
 )
+from countersign.web import wording
+from countersign.web.views import page
 
 
 class Colour(enum.Enum):
@@ -306,3 +312,61 @@ def test_a_value_that_only_looks_like_a_json_array_is_read_one_item_a_line() -> 
     assert parse_answer(fields, {"tags": "[draft]\n[final"}) == {"tags": ["[draft]", "[final"]}
     deep = "[" * 100_000
     assert parse_answer(fields, {"tags": deep}) == {"tags": [deep]}, "nesting past the parser's depth is text"
+
+
+class _Controls(HTMLParser):
+    """The form's controls as the browser reads them: each input and textarea, by its name."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.controls: list[dict[str, str | None]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("input", "textarea"):
+            self.controls.append({"tag": tag, **dict(attrs)})
+
+
+class Sizing(BaseModel):
+    count: int = Field(ge=1)
+    size: Size = Size.LARGE
+    colour: Colour
+
+
+def test_the_page_asks_for_a_whole_number_with_a_number_pad_and_an_enum_as_its_choices() -> None:
+    fields = form_of(Sizing)
+    record = approval_record(
+        tool=QUESTION_TOOL,
+        kind="question",
+        args={"question": "How many?", "fields": [f.model_dump(mode="json") for f in fields], "default": None},
+    )
+    response = page(
+        "question.html",
+        record=record,
+        question="How many?",
+        fields=fields,
+        default=None,
+        values={},
+        problem=None,
+        reason="",
+        approver="a@example.com",
+        goal="",
+        csrf="c" * 20,
+        deadline=wording.deadline(record.deadline, record.requested_at),
+        requested=wording.moment(record.requested_at),
+        fingerprint=record.digest[:12],
+    )
+    parsed = _Controls()
+    parsed.feed(bytes(response.body).decode())
+    controls = [c for c in parsed.controls if str(c.get("name", "")).startswith("edit.")]
+    [count] = [c for c in controls if c["name"] == "edit.count"]
+    assert (count["tag"], count.get("inputmode"), "required" in count) == ("input", "numeric", True)
+    size = [c for c in controls if c["name"] == "edit.size"]
+    assert [(c["type"], c["value"], "checked" in c, "required" in c) for c in size] == [
+        ("radio", "1", False, False),
+        ("radio", "2", True, False),
+    ], "an int enum's values, its default chosen, none required"
+    colour = [c for c in controls if c["name"] == "edit.colour"]
+    assert [(c["type"], c["value"], "checked" in c, "required" in c) for c in colour] == [
+        ("radio", "red", False, True),
+        ("radio", "blue", False, True),
+    ], "a str enum's values, none chosen, required"
