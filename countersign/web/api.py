@@ -32,8 +32,9 @@ from countersign.security.links import LinkInvalid
 from countersign.settings import Settings
 from countersign.tools.registry import validation_message
 from countersign.web.inbox_page import InboxPage
-from countersign.web.pages import Failure, checked_link, link_failure, read_body, same_origin, stale_link, submit_once
+from countersign.web.pages import checked_link, link_failure, read_body, same_origin, stale_link, submit_once
 from countersign.web.runs_client import RunCallFailed, RunsClient
+from countersign.web.views import Failure
 
 PREFIX = "/api/v1"
 PROBLEM = "application/problem+json"

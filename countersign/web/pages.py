@@ -16,7 +16,6 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
 
 from starlette.datastructures import FormData
@@ -42,7 +41,7 @@ from countersign.security.links import LinkInvalid
 from countersign.settings import Settings
 from countersign.web import batch, wording
 from countersign.web.runs_client import RunCallFailed, RunsClient
-from countersign.web.views import notice, page
+from countersign.web.views import Failure, notice, page
 
 log = logging.getLogger("countersign.pages")
 
@@ -82,20 +81,16 @@ class ApprovalPages:
         status, record, claims, link_state = checked
 
         approver = record.approvers[claims.slot]
+        if (stale := stale_for_read(record, claims.slot, link_state)) is not None:
+            return shown(stale)
         if len(record.batch) > 1:
-            # Before anything else: the batch page mints current-round tokens for its items, so a link
-            # from a replaced round (or past its expiry) must end here, as it does on a single page.
-            if (stale := self._stale(record, claims.slot, link_state, "actions not decided by then were")) is not None:
-                return stale
             return batch.render(self.settings, token, status, record, approver, claims.round)
         if record.state != "pending":
             return self._decided(200, record, action=wording.action_of(status.history, record))
-        if claims.slot in {v.slot for v in record.votes if v.round == record.round}:
+        if batch.voted(record, claims.slot):
             return notice(
                 200, "Already recorded", "Your decision is recorded; the other approvers have not all decided."
             )
-        if (stale := self._stale(record, claims.slot, link_state, "the action was")) is not None:
-            return stale
         if record.kind == "question":
             return self._question(200, token, record, claims.slot, goal=status.goal or "")
         if record.kind == "plan":
@@ -156,12 +151,6 @@ class ApprovalPages:
             requested=wording.moment(record.requested_at),
             fingerprint=record.digest[:12],
         )
-
-    @staticmethod
-    def _stale(record: ApprovalRecord, slot: int, link_state: links.LinkState, what: str) -> Response | None:
-        """The 410 page for an authentic link that no longer decides anything, or None if it is valid."""
-        stale = stale_link(record, slot, link_state, what)
-        return None if stale is None else shown(stale)
 
     async def _submit(self, request: Request, runs: RunsClient, token: str) -> Response:
         """A POST: the link's form, once, and its decision. A single approval's POST is one
@@ -236,20 +225,9 @@ class ApprovalPages:
         )
 
     async def _batch_post(self, runs: RunsClient, token: str, form: FormData, client: str) -> Response:
-        """A batch page's POST: its items read afresh (what `submit` answered may be a day-old answer
-        that Restate kept under the form's key), the link checked as for a batch's GET, then each
-        chosen item decided. A link that no longer decides (expired, replaced) is refused, unless
-        the form only repeats decisions this approver made: then each item's `decide`, under the
-        same key, gives back its first answer (a retried POST is told its decision counted)."""
-        checked = await self._checked(runs, runs.status, token)
-        if isinstance(checked, Response):
-            return checked
-        status, record, claims, link_state = checked
-        approver = record.approvers[claims.slot]
-        stale = self._stale(record, claims.slot, link_state, "actions not decided by then were")
-        if stale is not None and not batch.repeats_its_votes(status, record, approver, claims.round, form):
-            return stale
-        return await batch.decide_items(self.settings, runs, status, record, approver, claims.round, form, client)
+        """A batch page's POST (see `decide_batch`), its answer as a page."""
+        decided = await decide_batch(self.settings, runs, token, batch.choices_of(form), client)
+        return shown(decided) if isinstance(decided, Failure) else batch.done_page(decided)
 
     async def _checked(
         self, runs: RunsClient, main: StatusCall, token: str
@@ -350,18 +328,6 @@ async def read_body(request: Request, content_type: str) -> bytes | None:
     return body
 
 
-@dataclass(frozen=True)
-class Failure:
-    """Why a POST decided nothing that `Approval.submit` could say (a link that does not verify, a
-    service that did not answer): the status, title and text the page shows. `unconfirmed`: a 5xx
-    that may come after the decision was recorded (its answer was lost), so it claims neither."""
-
-    status: int
-    title: str
-    text: str
-    unconfirmed: bool = False
-
-
 async def submit_once(
     settings: Settings, runs: RunsClient, token: str, claims: links.LinkClaims, submission: PageSubmission
 ) -> Submitted | Failure:
@@ -397,6 +363,28 @@ async def submit_once(
     return submitted
 
 
+async def decide_batch(
+    settings: Settings, runs: RunsClient, token: str, choices: batch.Choices, client: str
+) -> batch.Decided | Failure:
+    """A batch link's POST (the page's form or the API's JSON, after the checks each makes of its
+    request): its items read afresh (what `submit` answered may be a day-old answer that Restate kept
+    under the form's key), the link checked as for a batch's GET, then each chosen item decided. A
+    link that no longer decides (expired, replaced) is refused, unless the choices only repeat
+    decisions this approver made: then each item's `decide`, under the same key, gives back its
+    first answer (a retried POST is told its decision counted). A link of one approval is no batch's."""
+    checked = await checked_link(settings, runs, runs.status, token)
+    if isinstance(checked, Failure):
+        return checked
+    status, record, claims, link_state = checked
+    if len(record.batch) <= 1:
+        return Failure(400, "Not a batch", "This link is for one action: send its verdict. Nothing was decided.")
+    approver = record.approvers[claims.slot]
+    stale = stale_link(record, claims.slot, link_state, BATCH_NOT_DECIDED)
+    if stale is not None and not batch.repeats_its_votes(status, record, approver, claims.round, choices):
+        return stale
+    return await batch.decide_items(settings, runs, status, record, approver, claims.round, choices, client)
+
+
 async def checked_link(
     settings: Settings, runs: RunsClient, main: StatusCall, token: str
 ) -> tuple[RunStatus, ApprovalRecord, links.LinkClaims, links.LinkState] | Failure:
@@ -419,6 +407,22 @@ async def checked_link(
 
 def link_failure(exc: LinkInvalid) -> Failure:
     return Failure(exc.status, "Link expired" if exc.status == 410 else "Link not valid", exc.reason)
+
+
+BATCH_NOT_DECIDED = "actions not decided by then were"
+
+
+def stale_for_read(record: ApprovalRecord, slot: int, link_state: links.LinkState) -> Failure | None:
+    """The 410 a read (the page's GET, the API's) answers for an authentic link that no longer decides
+    anything, or None: for a batch before anything else (its page mints current-round tokens for its
+    items, so a link from a replaced round, or past its expiry, must end here as a single page's
+    does); for one approval only while it waits for this slot (how it ended, or that this slot's vote
+    is recorded, is shown whatever the link's state)."""
+    if len(record.batch) > 1:
+        return stale_link(record, slot, link_state, BATCH_NOT_DECIDED)
+    if record.state != "pending" or batch.voted(record, slot):
+        return None
+    return stale_link(record, slot, link_state, "the action was")
 
 
 def stale_link(record: ApprovalRecord, slot: int, link_state: links.LinkState, what: str) -> Failure | None:

@@ -8,6 +8,7 @@ passing through `textsafety.finalize` (bidi overrides and zero-width characters 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +62,15 @@ def when(timestamp: float | None) -> str:
 
 def remaining(deadline: float, now: float) -> str:
     return wording.deadline(deadline, now).relative
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a POST decided nothing that `Approval.submit` could say (a link that does not verify, a
+    service that did not answer): the status, title and text the page shows. `unconfirmed`: a 5xx
+    that may come after the decision was recorded (its answer was lost), so it claims neither."""
+
+    status: int
+    title: str
+    text: str
+    unconfirmed: bool = False
