@@ -13,7 +13,7 @@ import pytest
 from support.approver import form_csrf, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import AppServer, Ingress, IsolatedStack, StackFactory, wait_until
-from support.runs import refund_step, task
+from support.runs import reassign, refund_step, task
 
 from handlers.demo.business_db import connect, transaction
 
@@ -388,13 +388,7 @@ def test_a_batch_link_from_a_replaced_round_answers_410_and_decides_nothing(
     by_person = {m.message["To"]: m for m in wait_for_email(outbox_dir, run_id, kind="batch", count=2)}
     ops, security = by_person["ops@example.com"], by_person["security@example.com"]
     csrf = {mail.link: form_csrf(mail.link) for mail in (ops, security)}
-    moved = ingress.call(
-        "AgentRun",
-        run_id,
-        "reassign",
-        {"approval_id": f"{run_id}-a0", "to": "carol@example.com", "replacing": "ops@example.com"},
-    )
-    assert moved.status_code == 200 and moved.json()["accepted"], moved.text
+    reassign(ingress, run_id, f"{run_id}-a0", "carol@example.com", replacing="ops@example.com")
     fresh = wait_for_email(outbox_dir, run_id, count=2)  # round 2 of the deletion: carol and security
     assert {m.message["To"] for m in fresh} == {"carol@example.com", "security@example.com"}
 

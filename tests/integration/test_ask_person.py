@@ -2,7 +2,8 @@
 through the real email and page: the form made from the answer model, a bad answer shown back and
 deciding nothing, the typed answer returned, a second answer refused, a decline, the deadline
 with and without a default answer, a model outside the form's subset refused before anything is
-sent, and a kill -9 of the handler while the question waits; against the real restate-server."""
+sent, a question listed in its person's inbox through the API beside an action, and a kill -9 of
+the handler while the question waits; against the real restate-server."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from urllib.parse import urlencode, urlsplit
 
 import httpx
 import pytest
-from support.approver import CSRF, approval_emails, form_after_restart, form_csrf, open_page, wait_for_email
-from support.processes import IsolatedStack
+from support.approver import CSRF, INBOX, approval_emails, form_after_restart, form_csrf, open_page, wait_for_email
+from support.processes import IsolatedStack, wait_until
 from support.questions import ANSWERED, ANSWERER, QUESTION
 
 ADMIN = "https://admin.example.com"
@@ -139,6 +140,50 @@ def test_a_question_is_answered_through_the_api_checked_as_the_page_checks_it(st
         timeout=30,
     )
     assert twice.status_code == 409 and twice.json()["state"] == "approved"
+
+
+def test_a_waiting_question_is_listed_in_the_approvers_inbox_through_the_api_beside_an_action(
+    stack: IsolatedStack,
+) -> None:
+    """The inbox token of the question's email lists, through the API, the question (kind "question")
+    and an agent's action waiting for the same person (kind "action"), each with a link token the API
+    reads; a question answered leaves the list."""
+    invocation = stack.ingress.send("Asker", None, "ask", {"run_id": "q-10"})
+    [mail] = wait_for_email(stack.outbox_dir, "q-10")
+    email = {"tool": "email_customer", "args": {"customer_id": "c_17", "subject": "Refund", "body": "On its way."}}
+    stack.ingress.start_run("q-10-run", {"goal": "Tell c_17", "requester": "alice@example.com", "script": [email]})
+    [action_mail] = wait_for_email(stack.outbox_dir, "q-10-run")
+    assert action_mail.message["To"] == mail.message["To"] == ANSWERER
+    [token] = set(INBOX.findall(mail.text))
+    inbox = f"{stack.app.url}/api/v1/inbox/{token}"
+
+    def both_listed() -> dict[str, dict[str, str]] | None:
+        listed = {i["approval_id"]: i for i in httpx.get(inbox, timeout=30).json()["items"]}
+        return listed if {"q-10-a0", "q-10-run-a0"} <= set(listed) else None
+
+    listed = wait_until(both_listed, 20, "the question and the action in the inbox")
+    assert (listed["q-10-a0"]["kind"], listed["q-10-run-a0"]["kind"]) == ("question", "action")
+    assert listed["q-10-a0"]["summary"] and listed["q-10-a0"]["url"].endswith(listed["q-10-a0"]["token"])
+    item = httpx.get(f"{stack.app.url}/api/v1/items/{listed['q-10-a0']['token']}", timeout=30).json()
+    assert item["kind"] == "question" and item["question"] == QUESTION and item["csrf"]
+
+    typed = {"account": "DE89-3704", "amount": 10, "draft": "short"}
+    answered = httpx.post(
+        f"{stack.app.url}/api/v1/items/{listed['q-10-a0']['token']}/decision",
+        json={"verdict": "answer", "answer": typed, "csrf": item["csrf"]},
+        timeout=30,
+    )
+    assert answered.status_code == 200, answered.text
+    assert stack.ingress.wait_invocation(invocation).json()["outcome"] == "answered"
+    wait_until(
+        lambda: (
+            {i["approval_id"] for i in httpx.get(inbox, timeout=30).json()["items"]} & {"q-10-a0", "q-10-run-a0"}
+            == {"q-10-run-a0"}
+        ),
+        20,
+        "the answered question to leave the inbox",
+    )
+    stack.ingress.call("AgentRun", "q-10-run", "cancel", {"reason": "test done"})
 
 
 def test_a_question_is_reassigned_and_answered_by_the_new_person_and_another_is_cancelled(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from support.approver import ApprovalEmail, wait_for_email
+from support.approver import ApprovalEmail, deployment_keys, wait_for_email
 from support.business import new_order
 from support.operator import audit_entries
 from support.processes import AppServer, Ingress, RestateServer, wait_until
@@ -166,12 +166,6 @@ def test_the_setup_wait_records_nothing_and_says_try_again(
 
 def _origin(mail: ApprovalEmail) -> dict[str, str]:
     return {"Origin": "/".join(mail.link.split("/", 3)[:3])}
-
-
-def deployment_keys(app_server: AppServer) -> dict[str, bytes]:
-    """The keys the app signs links with (the test environment's first `kid:secret`)."""
-    kid, _, secret = app_server.env["APPROVALS_SIGNING_KEYS"].split(",")[0].partition(":")
-    return {kid: secret.encode()}
 
 
 def test_a_single_approvals_post_is_one_approval_call_whether_it_decides_or_refuses(

@@ -16,10 +16,12 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from support.processes import wait_until
+from support.processes import AppServer, wait_until
 
 LINK = re.compile(r"https?://\S+/approvals/[A-Za-z0-9._~-]+")
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+INBOX = re.compile(r"https?://\S+/inbox/([A-Za-z0-9._~-]+)")
+"""An inbox link in an email's text; its group is the inbox token."""
 
 
 @dataclass
@@ -130,3 +132,10 @@ def submit(
         data["grant"] = grant
     data.update({f"edit.{name}": value for name, value in (edits or {}).items()})
     return httpx.post(link, data=data, headers=headers, timeout=30)
+
+
+def deployment_keys(app_server: AppServer) -> dict[str, bytes]:
+    """The keys the app signs links with (the test environment's first `kid:secret`), to make a link
+    or a CSRF value of the deployment's own in a test."""
+    kid, _, secret = app_server.env["APPROVALS_SIGNING_KEYS"].split(",")[0].partition(":")
+    return {kid: secret.encode()}

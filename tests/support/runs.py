@@ -46,3 +46,9 @@ def wait_pending(ingress: Ingress, run_id: str, timeout: float = 20) -> dict[str
         return status if status["pending"] else None
 
     return wait_until(pending, timeout, f"{run_id} to wait for an approval")
+
+
+def reassign(ingress: Ingress, run_id: str, approval_id: str, to: str, replacing: str) -> None:
+    """Hand `replacing`'s part of a run's approval to `to` (a new round: older links stop deciding)."""
+    moved = ingress.call("AgentRun", run_id, "reassign", {"approval_id": approval_id, "to": to, "replacing": replacing})
+    assert moved.status_code == 200 and moved.json()["accepted"], moved.text
