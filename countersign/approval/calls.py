@@ -67,6 +67,7 @@ from countersign.security import links
 from countersign.tools import default_registry
 from countersign.tools.checkpoints import results_of
 from countersign.tools.context import read_context, read_facts
+from countersign.tools.policy import ChannelName
 from countersign.tools.registry import Tool
 
 __all__ = [
@@ -481,6 +482,9 @@ async def ask_person(
     reminders_seconds: Sequence[int] = (),
     escalate_after_seconds: int | None = None,
     escalate_to: Sequence[str] = (),
+    channels: Sequence[ChannelName] = ("email",),
+    approver_channels: Mapping[str, Sequence[ChannelName]] | None = None,
+    slack_channel: str | None = None,
     tenant: str = "default",
     why: str = "",
     goal: str = "",
@@ -496,21 +500,28 @@ async def ask_person(
     audit trail are an approval's. At the deadline the question ends with `default` (if given:
     outcome `defaulted`), else `expired`.
 
+    `channels`, `approver_channels` and `slack_channel` say how the question reaches each person, as
+    a `ToolPolicy`'s do: by email (the default), in Slack (a message with the question and a link to
+    its page, and a Decline button), or both; Slack needs `SLACK_BOT_TOKEN` and `SLACK_SIGNING_SECRET`.
+
     A model outside the form's subset raises `AnswerModelError` (a terminal 400) before anything is
-    sent. Placed as `request_approval` places an approval, and `why`, `goal` and `asked_by` as there."""
+    sent, and so do people, times or channels that are not valid (a terminal 400 that names them).
+    Placed as `request_approval` places an approval, and `why`, `goal` and `asked_by` as there."""
     fields = form_of(answer_model)
     if not isinstance(question, str) or not question.strip():
         raise TerminalError("question must be text that says what to answer", 400)
     why, goal = _described(why, goal)
     _check_people(requester, tenant)
-    people = tuple(to) if not isinstance(to, str) else (to,)
     policy = question_policy(
-        people,
+        to,
         deadline_seconds=deadline_seconds,
         reminders_seconds=tuple(reminders_seconds),
         escalate_after_seconds=escalate_after_seconds,
-        escalate_to=tuple(escalate_to),
+        escalate_to=escalate_to,
         has_default=default is not None,
+        channels=channels,
+        approver_channels=approver_channels,
+        slack_channel=slack_channel,
     )
     asked = Question(clipped(question, MAX_WHY), fields, default_answer(answer_model, fields, default), policy, why)
     where, at = _where(ctx, run_id, index)

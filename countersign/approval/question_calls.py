@@ -12,6 +12,7 @@ into the record (`countersign.approval.question`), and the caller gets it back a
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Annotated, Any, Generic, Literal, TypeVar
@@ -34,7 +35,9 @@ from countersign.approval.question import (
 from countersign.approval.rounds import Opening, open_round
 from countersign.approval.run_state import RunBook, RunFacts
 from countersign.approval.workflow import ApprovalRequest
+from countersign.channels import missing_slack_setting, uses_slack
 from countersign.contract import ActionRecord, ApprovalRecord, DecisionSource, Outcome, clipped
+from countersign.settings import get_settings
 from countersign.tools.asking import ASK_A_PERSON, AskAPerson
 from countersign.tools.policy import PolicyVerdict, ToolPolicy, errors_text
 
@@ -74,29 +77,49 @@ class PersonAnswer(BaseModel, Generic[M]):
 
 
 def question_policy(
-    to: tuple[str, ...],
+    to: Sequence[str] | str,
     *,
     deadline_seconds: int,
     reminders_seconds: tuple[int, ...],
     escalate_after_seconds: int | None,
-    escalate_to: tuple[str, ...],
+    escalate_to: Sequence[str] | str,
     has_default: bool,
+    channels: Sequence[str] | str = ("email",),
+    approver_channels: Mapping[str, Sequence[str] | str] | None = None,
+    slack_channel: str | None = None,
 ) -> ToolPolicy:
-    """The question's waiting rules as a policy; a terminal 400 when they are not valid."""
+    """The question's waiting rules and channels as a policy; a terminal 400 when they are not valid.
+    A list of people or channels may be given as one text (`"ops@example.com"`, `"slack"`)."""
     try:
-        return ToolPolicy(
-            gated=True,
-            approvers=to,
-            deadline_seconds=deadline_seconds,
-            reminders_seconds=reminders_seconds,
-            escalate_after_seconds=escalate_after_seconds,
-            escalate_to=escalate_to,
-            # A default answer is what the deadline decides; without one, the question expires.
-            timeout_outcome="allow" if has_default else "deny",
-            low_risk=has_default,
+        # Validated as a policy is, values and all: what is not a channel is refused here.
+        policy = ToolPolicy.model_validate(
+            {
+                "gated": True,
+                "approvers": _listed(to),
+                "deadline_seconds": deadline_seconds,
+                "reminders_seconds": reminders_seconds,
+                "escalate_after_seconds": escalate_after_seconds,
+                "escalate_to": _listed(escalate_to),
+                # A default answer is what the deadline decides; without one, the question expires.
+                "timeout_outcome": "allow" if has_default else "deny",
+                "low_risk": has_default,
+                "channels": _listed(channels),
+                "approver_channels": {person: _listed(c) for person, c in (approver_channels or {}).items()},
+                "slack_channel": slack_channel,
+            }
         )
     except ValidationError as exc:
-        raise TerminalError(f"the question's people or times are not valid: {errors_text(exc)}", 400) from None
+        raise TerminalError(
+            f"the question's people, times or channels are not valid: {errors_text(exc)}", 400
+        ) from None
+    # As a policy that names Slack stops the start without these, a question that names it is refused.
+    if uses_slack(policy) and (setting := missing_slack_setting(get_settings())) is not None:
+        raise TerminalError(f"{setting} is not set: the question names Slack among its channels", 400)
+    return policy
+
+
+def _listed(names: Sequence[str] | str) -> tuple[str, ...]:
+    return (names,) if isinstance(names, str) else tuple(names)
 
 
 @dataclass(frozen=True)

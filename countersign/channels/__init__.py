@@ -10,9 +10,10 @@ slot (`Approval.decide` or `Approval.slack_decide`), so the first decision wins 
 from __future__ import annotations
 
 from countersign.channels.base import Channel, ChannelRequest
+from countersign.settings import Settings
 from countersign.tools.policy import ChannelName, ToolPolicy
 
-__all__ = ["Channel", "ChannelName", "ChannelRequest", "channels_of", "uses_slack"]
+__all__ = ["Channel", "ChannelName", "ChannelRequest", "channels_of", "missing_slack_setting", "uses_slack"]
 
 
 def channels_of(policy: ToolPolicy, approver: str) -> tuple[ChannelName, ...]:
@@ -22,3 +23,15 @@ def channels_of(policy: ToolPolicy, approver: str) -> tuple[ChannelName, ...]:
 
 def uses_slack(policy: ToolPolicy) -> bool:
     return policy.uses_channel("slack")
+
+
+def missing_slack_setting(settings: Settings) -> str | None:
+    """The first setting Slack needs that is not set (the bot token to post, the signing secret to
+    take clicks); None when both are."""
+    for setting, value in (
+        ("SLACK_BOT_TOKEN", settings.slack_bot_token),
+        ("SLACK_SIGNING_SECRET", settings.slack_signing_secret),
+    ):
+        if value is None or not value.get_secret_value():
+            return setting
+    return None

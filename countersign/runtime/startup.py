@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from countersign.channels import uses_slack
+from countersign.channels import missing_slack_setting, uses_slack
 from countersign.exceptions import SettingsError
 from countersign.llm import ModelUnavailable, check_model
 from countersign.observability import logs, tracing
@@ -38,14 +38,10 @@ def require_slack(settings: Settings, tools: Registry) -> None:
     named = [name for name in tools.names() if (tool := tools.get(name)) and uses_slack(tool.policy)]
     if not named:
         return
-    for setting, value in (
-        ("SLACK_BOT_TOKEN", settings.slack_bot_token),
-        ("SLACK_SIGNING_SECRET", settings.slack_signing_secret),
-    ):
-        if value is None or not value.get_secret_value():
-            raise SettingsError(
-                setting, f"{setting} is not set: the policy of {', '.join(named)} sends approvals through Slack"
-            )
+    if (setting := missing_slack_setting(settings)) is not None:
+        raise SettingsError(
+            setting, f"{setting} is not set: the policy of {', '.join(named)} sends approvals through Slack"
+        )
 
 
 def require_tracing(settings: Settings) -> None:

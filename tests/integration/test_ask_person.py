@@ -1,22 +1,29 @@
 """A question with a typed answer (`ask_person`) from a user's own Service, answered by a person
 through the real email and page: the form made from the answer model, a bad answer shown back and
 deciding nothing, the typed answer returned, a second answer refused, a decline, the deadline
-with and without a default answer, a model outside the form's subset refused before anything is
-sent, a question listed in its person's inbox through the API beside an action, and a kill -9 of
-the handler while the question waits; against the real restate-server."""
+with and without a default answer, channels that are not valid or not set up, a model outside the
+form's subset refused before anything is sent, a question listed in its person's inbox through the
+API beside an action, and a kill -9 of the handler while the question waits; against the real
+restate-server."""
 
 from __future__ import annotations
 
-from urllib.parse import urlencode, urlsplit
-
 import httpx
 import pytest
-from support.approver import CSRF, INBOX, approval_emails, form_after_restart, form_csrf, open_page, wait_for_email
+from support.approver import (
+    CSRF,
+    INBOX,
+    answer_question,
+    approval_emails,
+    form_after_restart,
+    form_csrf,
+    open_page,
+    wait_for_email,
+)
 from support.processes import IsolatedStack, wait_until
-from support.questions import ANSWERED, ANSWERER, QUESTION
+from support.questions import ANSWERED, ANSWERER, QUESTION, VALID
 
 ADMIN = "https://admin.example.com"
-VALID = {"account": "DE89-3704", "amount": "120.50", "draft": "formal", "notify": "on", "tags": "vip\nrepeat"}
 
 
 MODULE_STACK_APP_ENV = {
@@ -38,19 +45,6 @@ def api(stack: IsolatedStack, link: str, suffix: str = "") -> str:
     return f"{stack.app.url}/api/v1/items/{link.rsplit('/approvals/', 1)[1]}{suffix}"
 
 
-def answer(link: str, values: dict[str, str], verdict: str = "approve", reason: str = "") -> httpx.Response:
-    """POST the question's form as a browser would (same Origin, the page's CSRF value); a checkbox
-    sends its hidden empty value and then `on` when ticked, as the page's form does."""
-    parts = urlsplit(link)
-    data: list[tuple[str, str]] = [("csrf", form_csrf(link)), ("verdict", verdict), ("reason", reason)]
-    for name, value in values.items():
-        if name == "notify":
-            data.append(("edit.notify", ""))
-        data.append((f"edit.{name}", value))
-    headers = {"Origin": f"{parts.scheme}://{parts.netloc}", "Content-Type": "application/x-www-form-urlencoded"}
-    return httpx.post(link, content=urlencode(data), headers=headers, timeout=30)
-
-
 def test_a_question_is_answered_on_its_page_a_bad_answer_decides_nothing_and_a_second_is_refused(
     stack: IsolatedStack,
 ) -> None:
@@ -63,15 +57,15 @@ def test_a_question_is_answered_on_its_page_a_bad_answer_decides_nothing_and_a_s
     # The form made from the model: a radio button per Literal choice, a checkbox, a list's text area.
     for part in ('value="formal"', 'type="checkbox"', 'name="edit.tags"', 'inputmode="decimal"', "bank statement"):
         assert part in page.text
-    bad = answer(mail.link, {**VALID, "amount": "-5", "account": "DE89-typed"})
+    bad = answer_question(mail.link, {**VALID, "amount": "-5", "account": "DE89-typed"})
     assert bad.status_code == 400
     assert "amount" in bad.text and "greater than or equal to 0" in bad.text and "Nothing was decided" in bad.text
     assert 'value="DE89-typed"' in bad.text, "the answer as sent is shown back"
-    wrong_choice = answer(mail.link, {**VALID, "draft": "poem"})
+    wrong_choice = answer_question(mail.link, {**VALID, "draft": "poem"})
     assert wrong_choice.status_code == 400 and "not one of the choices" in wrong_choice.text
     status = stack.ingress.call("Approval", "q-1-a0", "status", None).json()
     assert status["approvals"][0]["state"] == "pending", "a bad answer decides nothing"
-    good = answer(mail.link, VALID)
+    good = answer_question(mail.link, VALID)
     assert good.status_code == 200, good.text
     result = stack.ingress.wait_invocation(invocation).json()
     assert result["outcome"] == "answered" and result["kind"] == "RefundTarget"
@@ -195,7 +189,7 @@ def test_a_question_is_reassigned_and_answered_by_the_new_person_and_another_is_
     assert moved.status_code == 200 and moved.json()["accepted"], moved.text
     fresh = next(m for m in wait_for_email(stack.outbox_dir, "q-8", count=2) if m.message["To"] == "lead@example.com")
     assert open_page(mail.link).status_code == 410, "the first person's link no longer answers"
-    assert answer(fresh.link, VALID).status_code == 200
+    assert answer_question(fresh.link, VALID).status_code == 200
     result = stack.ingress.wait_invocation(invocation).json()
     assert result["outcome"] == "answered" and result["answered_by"] == "lead@example.com"
 
@@ -217,7 +211,7 @@ def answer_status_after_close(link: str) -> int:
 def test_a_declined_question_returns_the_reason_and_no_answer(stack: IsolatedStack) -> None:
     invocation = stack.ingress.send("Asker", None, "ask", {"run_id": "q-2"})
     [mail] = wait_for_email(stack.outbox_dir, "q-2")
-    assert answer(mail.link, {}, verdict="reject", reason="ask finance, not me").status_code == 200
+    assert answer_question(mail.link, {}, verdict="reject", reason="ask finance, not me").status_code == 200
     result = stack.ingress.wait_invocation(invocation).json()
     assert result["outcome"] == "declined" and result["answer"] is None
     assert result["reason"] == "ask finance, not me"
@@ -245,6 +239,24 @@ def test_at_the_deadline_a_question_ends_with_its_default_or_expires(stack: Isol
     assert "expired" in after.text.lower() and 'name="edit.account"' not in after.text
 
 
+def test_channels_that_are_not_valid_or_not_set_up_are_refused_before_anything_is_sent(stack: IsolatedStack) -> None:
+    invocation = stack.ingress.send("Asker", None, "ask", {"run_id": "q-12", "channels": ["email", "pager"]})
+    response = stack.ingress.wait_invocation(invocation)
+    assert response.status_code == 400, response.text
+    assert "channels" in response.text and "'email' or 'slack'" in response.text, response.text
+    twice = stack.ingress.wait_invocation(
+        stack.ingress.send("Asker", None, "ask", {"run_id": "q-13", "channels": ["slack", "slack"]})
+    )
+    assert twice.status_code == 400 and "each once" in twice.text, twice.text
+    # This stack has no Slack settings: a question that names Slack would reach nobody there.
+    slack = stack.ingress.wait_invocation(
+        stack.ingress.send("Asker", None, "ask", {"run_id": "q-14", "channels": ["email", "slack"]})
+    )
+    assert slack.status_code == 400 and "SLACK_BOT_TOKEN is not set" in slack.text, slack.text
+    assert approval_emails(stack.outbox_dir, "q-12") == approval_emails(stack.outbox_dir, "q-13") == []
+    assert approval_emails(stack.outbox_dir, "q-14") == []
+
+
 def test_a_model_outside_the_forms_subset_is_refused_before_anything_is_sent(stack: IsolatedStack) -> None:
     invocation = stack.ingress.send("Asker", None, "ask", {"run_id": "q-5", "nested": True})
     response = stack.ingress.wait_invocation(invocation)
@@ -260,7 +272,7 @@ def test_kill9_of_the_handler_while_a_question_waits_then_answer(own_stack: Isol
     stack.app.kill9()
     stack.app.restart()
     form_after_restart(mail.link)
-    response = answer(mail.link, VALID)
+    response = answer_question(mail.link, VALID)
     assert response.status_code == 200, response.text
     result = stack.ingress.wait_invocation(invocation, timeout=60).json()
     assert result["outcome"] == "answered" and result["answer"]["account"] == "DE89-3704"
@@ -283,9 +295,9 @@ def test_an_agents_model_asks_with_ask_a_person_and_its_run_waits_lists_and_canc
     assert "Which IBAN did the customer give on the phone?" in mail.text and "has a question for you" in mail.text
     [waiting] = stack.ingress.status("agent-q1")["pending"]
     assert waiting["approval_id"] == "agent-q1-a0"
-    refused = answer(mail.link, {"answer": ""})
+    refused = answer_question(mail.link, {"answer": ""})
     assert refused.status_code == 400 and "Nothing was decided" in refused.text
-    assert answer(mail.link, {"answer": "DE89 3704 0044"}).status_code == 200
+    assert answer_question(mail.link, {"answer": "DE89 3704 0044"}).status_code == 200
     result = stack.ingress.wait_output("agent-q1", timeout=60).json()
     [asked] = result["actions"]
     assert (asked["tool"], asked["outcome"]) == ("ask_a_person", "approved"), asked

@@ -2,10 +2,11 @@
 
 The tests share one fake Slack and one restate-server and handlers app per protocol (conftest's
 `module_stack`), whose policy sends `issue_refund` approvals and `ask_a_person` questions through
-email and Slack; clicks are interactivity payloads signed as Slack signs them. Each test looks only
-at what is its own: the messages of its run's approvals (by approval id, in their metadata), the
-modals opened from them and the notes Slack shows to Slack user ids of its own (`people`). Tests that
-kill the app or need another policy or Slack directory start a stack of their own.
+email and Slack, and which serves a user's Service that asks with `ask_person`; clicks are
+interactivity payloads signed as Slack signs them. Each test looks only at what is its own: the
+messages of its run's approvals (by approval id, in their metadata), the modals opened from them and
+the notes Slack shows to Slack user ids of its own (`people`). Tests that kill the app or need
+another policy or Slack directory start a stack of their own.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import httpx
 import pytest
 from fakes.slack_server import FakeSlack, Message, click, running, signed, slack_env
 from fakes.slack_server import submit as submission
-from support.approver import open_page, submit, wait_for_email
+from support.approver import answer_question, approval_emails, open_page, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import IsolatedStack, StackFactory, wait_until
+from support.questions import ANSWERED, QUESTION, VALID
 
 from countersign import Registry, SettingsError, load_tools
 from countersign.runtime import startup
@@ -47,13 +49,15 @@ def fake(deployment_protocol: str) -> Iterator[FakeSlack]:
 @pytest.fixture(scope="module")
 def module_stack_app_env(fake: FakeSlack, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The app's settings (conftest's `module_stack`): Slack at the fake; refunds and questions
-    (the demo tools with `ask_a_person`) asked by email and in Slack."""
+    (the demo tools with `ask_a_person`) asked by email and in Slack; a user's Service whose
+    `ask_person` questions go through the channels each test asks for."""
     policy = tmp_path_factory.mktemp("slack") / "policy.toml"
     policy.write_text(POLICY + QUESTIONS)
     return {
         **slack_env(fake),
         "APPROVALS_POLICY_FILE": str(policy),
         "COUNTERSIGN_TOOLS": "tests.support.questions:TOOLS",
+        "COUNTERSIGN_SERVICES": "tests.support.questions:served",
     }
 
 
@@ -495,3 +499,29 @@ def test_a_question_in_slack_links_to_its_page_and_is_declined_there(
     closed = texts(updated[-1]["blocks"])
     assert f"Declined by {FINANCE} (decided in Slack)" in closed and "Reason: ask the customer" in closed
     assert "Nothing ran" not in closed, "a question is declined, not an action rejected"
+
+
+def test_an_ask_person_question_in_slack_only_is_answered_on_the_page_its_message_links_to(
+    stack: IsolatedStack, fake: FakeSlack, run_id: str
+) -> None:
+    """`ask_person(channels=["slack"])` from a user's Service: the question reaches the person in
+    Slack only, with a link to its signed page and no Approve button; the person follows the link,
+    answers there, and the handler gets the typed answer; the message then says who answered."""
+    asked = {"run_id": run_id, "to": [FINANCE], "channels": ["slack"]}
+    invocation = stack.ingress.send("Asker", None, "ask", asked)
+    [message] = fake.wait_message(about=of_run(run_id))
+    assert message.channel == f"D{FINANCE_ID}", "a DM to the person asked, found by their email"
+    shown = texts(message.blocks)
+    assert "A question for you" in shown and QUESTION in shown and "To answer: Account (text)" in shown
+    assert [b["action_id"] for b in message.buttons] == ["countersign_answer", "countersign_reject"]
+    assert approval_emails(stack.outbox_dir, run_id) == [], "Slack only: no email (it goes out before the post)"
+
+    link = message.buttons[0]["url"]
+    page = open_page(link)
+    assert page.status_code == 200 and QUESTION in page.text and 'name="edit.account"' in page.text
+    assert answer_question(link, VALID).status_code == 200
+    result = stack.ingress.wait_invocation(invocation, timeout=60).json()
+    assert (result["outcome"], result["kind"], result["answer"]) == ("answered", "RefundTarget", ANSWERED), result
+    assert result["answered_by"] == FINANCE and result["decision_source"] == "human"
+    updated = wait_until(lambda: message.updates or None, 30, "the Slack message to be updated")
+    assert f"Answered by {FINANCE}" in texts(updated[-1]["blocks"]) and message.buttons == []

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from email.message import EmailMessage
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import httpx
 
@@ -106,6 +106,22 @@ def submit_form(link: str, fields: dict[str, str]) -> httpx.Response:
     parts = urlsplit(link)
     headers = {"Origin": f"{parts.scheme}://{parts.netloc}"}
     return httpx.post(link, data={"csrf": form_csrf(link), **fields}, headers=headers, timeout=30)
+
+
+def answer_question(
+    link: str, values: dict[str, str], verdict: str = "approve", reason: str = "", *, csrf: str | None = None
+) -> httpx.Response:
+    """POST a question's form as a browser would (same Origin, the page's CSRF value unless given);
+    a checkbox (`notify`) sends its hidden empty value and then `on` when ticked, as the page's form does."""
+    parts = urlsplit(link)
+    csrf = form_csrf(link) if csrf is None else csrf
+    data: list[tuple[str, str]] = [("csrf", csrf), ("verdict", verdict), ("reason", reason)]
+    for name, value in values.items():
+        if name == "notify":
+            data.append(("edit.notify", ""))
+        data.append((f"edit.{name}", value))
+    headers = {"Origin": f"{parts.scheme}://{parts.netloc}", "Content-Type": "application/x-www-form-urlencoded"}
+    return httpx.post(link, content=urlencode(data), headers=headers, timeout=30)
 
 
 def submit(

@@ -1,16 +1,18 @@
-"""A user's own code for tests/integration/test_ask_person.py, served beside Countersign with
-COUNTERSIGN_SERVICES=tests.support.questions:served: a Service that asks a person a question with a
-typed answer (`ask_person`) and returns what it got back, as JSON; and, for COUNTERSIGN_TOOLS, the
-demo tools with `ask_a_person`, whose questions go to ANSWERER (for an agent's model to ask)."""
+"""A user's own code for tests/integration/test_ask_person.py (and test_slack_channel.py), served
+beside Countersign with COUNTERSIGN_SERVICES=tests.support.questions:served: a Service that asks a
+person a question with a typed answer (`ask_person`, by email or in Slack, as the test asks) and
+returns what it got back, as JSON; and, for COUNTERSIGN_TOOLS, the demo tools with `ask_a_person`,
+whose questions go to ANSWERER (for an agent's model to ask)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import restate
 from pydantic import BaseModel, Field
 
 from countersign import ToolPolicy, ask_a_person_tool, ask_person
+from countersign.tools.policy import ChannelName
 from handlers.demo.tools import DEMO_TOOLS
 
 REQUESTER = "alice@example.com"
@@ -18,6 +20,8 @@ ANSWERER = "ops@example.com"
 QUESTION = "Which account should the refund for order 1042 go to?"
 ANSWERED = {"account": "DE89-3704", "amount": 120.5, "draft": "formal", "notify": True, "tags": ["vip", "repeat"]}
 """The answer the tests type on the form (120.50, Notify ticked, two tags), as the handler gets it back."""
+VALID = {"account": "DE89-3704", "amount": "120.50", "draft": "formal", "notify": "on", "tags": "vip\nrepeat"}
+"""That answer as the form sends it."""
 
 
 class RefundTarget(BaseModel):
@@ -37,6 +41,9 @@ class Ask(BaseModel):
     deadline_seconds: int = 3600
     with_default: bool = False
     nested: bool = False
+    to: list[str] = Field(default_factory=lambda: [ANSWERER])
+    channels: list[str] = Field(default_factory=lambda: ["email"])
+    """Unchecked here: `ask_person` is what refuses a channel that is not one."""
 
 
 asker = restate.Service("Asker")
@@ -54,10 +61,11 @@ async def ask(ctx: restate.Context, ask: Ask) -> dict[str, Any]:
         ctx,
         question=QUESTION,
         answer_model=RefundTarget,
-        to=[ANSWERER],
+        to=ask.to,
         requester=REQUESTER,
         default=default,
         deadline_seconds=ask.deadline_seconds,
+        channels=cast("list[ChannelName]", ask.channels),
         run_id=ask.run_id,
         why="the customer changed banks",
     )
