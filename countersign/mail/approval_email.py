@@ -29,6 +29,7 @@ _TEMPLATE: dict[MailKind, str] = {
     "reapproval": "reapproval",
 }
 DEFAULT_ESCALATION_REASON = "the previous approver did not decide in time"
+QUESTION_ESCALATION_REASON = "the person asked before you did not answer in time"
 
 
 def idempotency_key(record: ApprovalRecord, slot: int, kind: MailKind) -> str:
@@ -69,7 +70,8 @@ def approval_request(
         now=at,
         pending=True,
         number=max(1, record.reminders_sent),
-        escalation_reason=reason or DEFAULT_ESCALATION_REASON,
+        escalation_reason=reason
+        or (QUESTION_ESCALATION_REASON if record.kind == "question" else DEFAULT_ESCALATION_REASON),
         previous=[a for s, a in enumerate(record.approvers) if s not in record.active_slots],
     )
     return OutgoingEmail(

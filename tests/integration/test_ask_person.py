@@ -1,10 +1,10 @@
 """A question with a typed answer (`ask_person`) from a user's own Service, answered by a person
 through the real email and page: the form made from the answer model, a bad answer shown back and
 deciding nothing, the typed answer returned, a second answer refused, a decline, the deadline
-with and without a default answer, channels that are not valid or not set up, a model outside the
-form's subset refused before anything is sent, a question listed in its person's inbox through the
-API beside an action, and a kill -9 of the handler while the question waits; against the real
-restate-server."""
+with and without a default answer, a reminder and an escalation in a question's words, channels
+that are not valid or not set up, a model outside the form's subset refused before anything is
+sent, a question listed in its person's inbox through the API beside an action, and a kill -9 of
+the handler while the question waits; against the real restate-server."""
 
 from __future__ import annotations
 
@@ -237,6 +237,46 @@ def test_at_the_deadline_a_question_ends_with_its_default_or_expires(stack: Isol
     assert too_late.status_code == 409 and too_late.headers["content-type"] == "application/problem+json"
     after = open_page(late.link)
     assert "expired" in after.text.lower() and 'name="edit.account"' not in after.text
+
+
+APPROVAL_WORDS = ("pproval needed", "pproval still needed", "This approval", "did not decide", "will not run")
+"""An approval's words in its reminder and escalation emails, which a question's must not use."""
+
+
+def test_a_question_is_reminded_and_escalated_in_a_questions_words_and_those_links_answer_it(
+    stack: IsolatedStack,
+) -> None:
+    reminded = stack.ingress.send(
+        "Asker", None, "ask", {"run_id": "q-10", "with_default": True, "reminders_seconds": [1]}
+    )
+    escalated = stack.ingress.send(
+        "Asker", None, "ask", {"run_id": "q-11", "escalate_after_seconds": 1, "escalate_to": ["lead@example.com"]}
+    )
+    [reminder] = wait_for_email(stack.outbox_dir, "q-10", kind="reminder")
+    assert str(reminder.message["Subject"]).startswith("Reminder: your answer is needed by ")
+    for part in (reminder.text, reminder.html):
+        assert "Nobody has answered yet" in part and "the default answer (below) stands" in part
+        assert "The default answer (it stands if nobody answers by the deadline)" in part and "store-credit" in part
+        assert not any(w in part for w in APPROVAL_WORDS), "a question's words"
+        assert QUESTION in part and "Answer the question" in part
+    assert "Reminder 1: your answer is still needed" in reminder.text
+    assert answer_question(reminder.link, VALID).status_code == 200
+    result = stack.ingress.wait_invocation(reminded).json()
+    assert result["outcome"] == "answered" and result["answer"] == ANSWERED and result["answered_by"] == ANSWERER
+
+    [escalation] = wait_for_email(stack.outbox_dir, "q-11", kind="escalation")
+    assert escalation.message["To"] == "lead@example.com"
+    assert str(escalation.message["Subject"]) == f"Escalated to you: your answer is needed: Question: {QUESTION}"
+    for part in (escalation.text, escalation.html):
+        assert "This question was escalated to you: the person asked before you did not answer in time" in part
+        assert f"It was first sent to {ANSWERER}" in part and "the question expires unanswered" in part
+        assert "The default answer" not in part, "this question has none"
+        assert not any(w in part for w in APPROVAL_WORDS), "a question's words"
+    [first] = approval_emails(stack.outbox_dir, "q-11")
+    assert open_page(first.link).status_code == 410, "the first person's link no longer answers"
+    assert answer_question(escalation.link, VALID).status_code == 200
+    result = stack.ingress.wait_invocation(escalated).json()
+    assert result["outcome"] == "answered" and result["answered_by"] == "lead@example.com"
 
 
 def test_channels_that_are_not_valid_or_not_set_up_are_refused_before_anything_is_sent(stack: IsolatedStack) -> None:

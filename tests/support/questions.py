@@ -1,8 +1,8 @@
 """A user's own code for tests/integration/test_ask_person.py (and test_slack_channel.py), served
 beside Countersign with COUNTERSIGN_SERVICES=tests.support.questions:served: a Service that asks a
-person a question with a typed answer (`ask_person`, by email or in Slack, as the test asks) and
-returns what it got back, as JSON; and, for COUNTERSIGN_TOOLS, the demo tools with `ask_a_person`,
-whose questions go to ANSWERER (for an agent's model to ask)."""
+person a question with a typed answer (`ask_person`, by email or in Slack, reminded and escalated
+as the test asks) and returns what it got back, as JSON; and, for COUNTERSIGN_TOOLS, the demo tools
+with `ask_a_person`, whose questions go to ANSWERER (for an agent's model to ask)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,9 @@ class Ask(BaseModel):
     to: list[str] = Field(default_factory=lambda: [ANSWERER])
     channels: list[str] = Field(default_factory=lambda: ["email"])
     """Unchecked here: `ask_person` is what refuses a channel that is not one."""
+    reminders_seconds: list[int] = Field(default_factory=list)
+    escalate_after_seconds: int | None = None
+    escalate_to: list[str] = Field(default_factory=list)
 
 
 asker = restate.Service("Asker")
@@ -65,6 +68,9 @@ async def ask(ctx: restate.Context, ask: Ask) -> dict[str, Any]:
         requester=REQUESTER,
         default=default,
         deadline_seconds=ask.deadline_seconds,
+        reminders_seconds=ask.reminders_seconds,
+        escalate_after_seconds=ask.escalate_after_seconds,
+        escalate_to=ask.escalate_to,
         channels=cast("list[ChannelName]", ask.channels),
         run_id=ask.run_id,
         why="the customer changed banks",
