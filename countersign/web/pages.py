@@ -270,6 +270,8 @@ class ApprovalPages:
         action: ActionRecord | None = None,
         attempted: str | None = None,
     ) -> Response:
+        if receipt is not None and record.decision_source == "deadline_default":
+            receipt = None  # the deadline's default decided it: the record says so, not the closed slot
         state = receipt.state if receipt else record.state
         by = receipt.decided_by if receipt else record.decided_by
         at = receipt.decided_at if receipt else record.decided_at

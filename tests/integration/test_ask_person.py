@@ -1,10 +1,10 @@
 """A question with a typed answer (`ask_person`) from a user's own Service, answered by a person
 through the real email and page: the form made from the answer model, a bad answer shown back and
 deciding nothing, the typed answer returned, a second answer refused, a decline, the deadline
-with and without a default answer, a reminder and an escalation in a question's words, channels
-that are not valid or not set up, a model outside the form's subset refused before anything is
-sent, a question listed in its person's inbox through the API beside an action, and a kill -9 of
-the handler while the question waits; against the real restate-server."""
+with and without a default answer (and the form sent after it), a reminder and an escalation in a
+question's words, channels that are not valid or not set up, a model outside the form's subset
+refused before anything is sent, a question listed in its person's inbox through the API beside an
+action, and a kill -9 of the handler while the question waits; against the real restate-server."""
 
 from __future__ import annotations
 
@@ -237,6 +237,19 @@ def test_at_the_deadline_a_question_ends_with_its_default_or_expires(stack: Isol
     assert too_late.status_code == 409 and too_late.headers["content-type"] == "application/problem+json"
     after = open_page(late.link)
     assert "expired" in after.text.lower() and 'name="edit.account"' not in after.text
+    # The page's form, sent after the deadline from a tab opened before it (with that tab's CSRF value).
+    for link, csrf, ended in (
+        (late.link, late_csrf, "It expired unanswered."),
+        (mail.link, form_csrf_of(page.text), "the default answer stands."),
+    ):
+        sent = answer_question(link, VALID, csrf=csrf)
+        assert sent.status_code == 409, (sent.status_code, sent.text)
+        assert "You sent an answer, but this question no longer takes one: that changed nothing." in sent.text
+        assert ended in sent.text and not CSRF.search(sent.text), "it says how the question ended, with no form"
+    record = stack.ingress.call("Approval", "q-4-a0", "status", None).json()["approvals"][0]
+    assert record["state"] == "expired" and record["decided_by"] is None
+    record = stack.ingress.call("Approval", "q-3-a0", "status", None).json()["approvals"][0]
+    assert record["state"] == "approved" and record["edits"]["account"] == "store-credit"
 
 
 APPROVAL_WORDS = ("pproval needed", "pproval still needed", "This approval", "did not decide", "will not run")
