@@ -260,12 +260,12 @@ def test_a_question_is_reminded_and_escalated_in_a_questions_words_and_those_lin
     stack: IsolatedStack,
 ) -> None:
     reminded = stack.ingress.send(
-        "Asker", None, "ask", {"run_id": "q-10", "with_default": True, "reminders_seconds": [1]}
+        "Asker", None, "ask", {"run_id": "q-15", "with_default": True, "reminders_seconds": [1]}
     )
     escalated = stack.ingress.send(
-        "Asker", None, "ask", {"run_id": "q-11", "escalate_after_seconds": 1, "escalate_to": ["lead@example.com"]}
+        "Asker", None, "ask", {"run_id": "q-16", "escalate_after_seconds": 1, "escalate_to": ["lead@example.com"]}
     )
-    [reminder] = wait_for_email(stack.outbox_dir, "q-10", kind="reminder")
+    [reminder] = wait_for_email(stack.outbox_dir, "q-15", kind="reminder")
     assert str(reminder.message["Subject"]).startswith("Reminder: your answer is needed by ")
     for part in (reminder.text, reminder.html):
         assert "Nobody has answered yet" in part and "the default answer (below) stands" in part
@@ -277,7 +277,7 @@ def test_a_question_is_reminded_and_escalated_in_a_questions_words_and_those_lin
     result = stack.ingress.wait_invocation(reminded).json()
     assert result["outcome"] == "answered" and result["answer"] == ANSWERED and result["answered_by"] == ANSWERER
 
-    [escalation] = wait_for_email(stack.outbox_dir, "q-11", kind="escalation")
+    [escalation] = wait_for_email(stack.outbox_dir, "q-16", kind="escalation")
     assert escalation.message["To"] == "lead@example.com"
     assert str(escalation.message["Subject"]) == f"Escalated to you: your answer is needed: Question: {QUESTION}"
     for part in (escalation.text, escalation.html):
@@ -285,7 +285,7 @@ def test_a_question_is_reminded_and_escalated_in_a_questions_words_and_those_lin
         assert f"It was first sent to {ANSWERER}" in part and "the question expires unanswered" in part
         assert "The default answer" not in part, "this question has none"
         assert not any(w in part for w in APPROVAL_WORDS), "a question's words"
-    [first] = approval_emails(stack.outbox_dir, "q-11")
+    [first] = approval_emails(stack.outbox_dir, "q-16")
     assert open_page(first.link).status_code == 410, "the first person's link no longer answers"
     assert answer_question(escalation.link, VALID).status_code == 200
     result = stack.ingress.wait_invocation(escalated).json()
