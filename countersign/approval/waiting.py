@@ -229,7 +229,8 @@ class Waiter:
         default); returns how many slots at least one channel took."""
         record = self.record
         if kind == "reminder":
-            self.slack(f"Reminder {record.reminders_sent}: still waiting for a decision.", reminder=True)
+            awaited = "an answer" if record.kind == "question" else "a decision"
+            self.slack(f"Reminder {record.reminders_sent}: still waiting for {awaited}.", reminder=True)
         elif record.round > 1:
             now_with = ", ".join(record.approvers[s] for s in record.active_slots)
             self.slack(f"Asked again, of {now_with}: this message no longer decides; see the newer one.")

@@ -252,7 +252,16 @@ def test_at_the_deadline_a_question_ends_with_its_default_or_expires(stack: Isol
     assert record["state"] == "approved" and record["edits"]["account"] == "store-credit"
 
 
-APPROVAL_WORDS = ("pproval needed", "pproval still needed", "This approval", "did not decide", "will not run")
+APPROVAL_WORDS = (
+    "pproval needed",
+    "pproval still needed",
+    "This approval",
+    "did not decide",
+    "will not run",
+    "do not approve",
+    "Both links",
+    "Both buttons",
+)
 """An approval's words in its reminder and escalation emails, which a question's must not use."""
 
 

@@ -506,8 +506,9 @@ def test_an_ask_person_question_in_slack_only_is_answered_on_the_page_its_messag
 ) -> None:
     """`ask_person(channels=["slack"])` from a user's Service: the question reaches the person in
     Slack only, with a link to its signed page and no Approve button; the person follows the link,
-    answers there, and the handler gets the typed answer; the message then says who answered."""
-    asked = {"run_id": run_id, "to": [FINANCE], "channels": ["slack"]}
+    answers there, and the handler gets the typed answer; a reminder and then who answered rewrite
+    the message, in a question's words."""
+    asked = {"run_id": run_id, "to": [FINANCE], "channels": ["slack"], "reminders_seconds": [1]}
     invocation = stack.ingress.send("Asker", None, "ask", asked)
     [message] = fake.wait_message(about=of_run(run_id))
     assert message.channel == f"D{FINANCE_ID}", "a DM to the person asked, found by their email"
@@ -516,6 +517,8 @@ def test_an_ask_person_question_in_slack_only_is_answered_on_the_page_its_messag
     assert [b["action_id"] for b in message.buttons] == ["countersign_answer", "countersign_reject"]
     assert approval_emails(stack.outbox_dir, run_id) == [], "Slack only: no email (it goes out before the post)"
 
+    reminded = wait_until(lambda: message.updates or None, 30, "the reminder")
+    assert "Reminder 1: still waiting for an answer." in texts(reminded[0]["blocks"])
     link = message.buttons[0]["url"]
     page = open_page(link)
     assert page.status_code == 200 and QUESTION in page.text and 'name="edit.account"' in page.text
@@ -523,5 +526,6 @@ def test_an_ask_person_question_in_slack_only_is_answered_on_the_page_its_messag
     result = stack.ingress.wait_invocation(invocation, timeout=60).json()
     assert (result["outcome"], result["kind"], result["answer"]) == ("answered", "RefundTarget", ANSWERED), result
     assert result["answered_by"] == FINANCE and result["decision_source"] == "human"
-    updated = wait_until(lambda: message.updates or None, 30, "the Slack message to be updated")
-    assert f"Answered by {FINANCE}" in texts(updated[-1]["blocks"]) and message.buttons == []
+    answered = lambda: f"Answered by {FINANCE}" in texts(message.current["blocks"])  # noqa: E731
+    wait_until(answered, 30, "the Slack message to say who answered")
+    assert message.buttons == []
