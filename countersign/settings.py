@@ -207,8 +207,11 @@ class Settings(BaseSettings):
         default=(),
         description="`package.module:ATTR[,...]`: the tools to load, each attribute a list of `Tool` or a "
         "`Registry`, imported from the current folder or `PYTHONPATH`. With `COUNTERSIGN_ENV=dev` and none "
-        "named: the demo tools.",
-        json_schema_extra={"production": "required, unless tools are given to `create_app(tools=...)`"},
+        "named: the demo tools (in a checkout). None named beside `COUNTERSIGN_SERVICES`: no tools.",
+        json_schema_extra={
+            "production": "required, unless tools are given to `create_app(tools=...)` or "
+            "`COUNTERSIGN_SERVICES` names handlers of your own"
+        },
     )
     resend_api_key: str | None = Field(
         default=None, description="Send emails through Resend instead of writing them to the outbox."

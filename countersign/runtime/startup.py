@@ -103,7 +103,7 @@ def check(settings: Settings) -> None:
     endpoint_services(settings)
     # Only once everything checked out, so that a refusal is the one line the process prints.
     warn_relaxed(settings)
-    log.info("tools: %s: %s", tools.source, ", ".join(tools.names()))
+    log.info("tools: %s: %s", tools.source, ", ".join(tools.names()) or "none")
     if settings.countersign_services:
         own = ", ".join(service.name for service in user_services(settings))
         log.info("services: %s=%s: %s", SETTING, ",".join(settings.countersign_services), own)

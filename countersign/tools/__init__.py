@@ -2,13 +2,17 @@
 
 Guarantee: the process serves the tools COUNTERSIGN_TOOLS names, then those given in code
 (`create_app(tools=...)`); the demo tools only when neither names any and COUNTERSIGN_ENV=dev (or
-when named like any other set). Anywhere else, no tools is a SettingsError naming COUNTERSIGN_TOOLS,
-so production never serves the demo by accident. The set is built once, with the policy file's
-overrides, and any problem is a typed error (countersign.exceptions) raised before anything is served.
+when named like any other set). With none named, a process that serves handlers of its own
+(COUNTERSIGN_SERVICES: questions with `ask_person`, say) serves no tools, unless it is in dev and the
+demo tools are there to load (a checkout). Anywhere else, no tools is a SettingsError naming
+COUNTERSIGN_TOOLS, so production never serves the demo, or nothing, by accident. The set is built
+once, with the policy file's overrides, and any problem is a typed error (countersign.exceptions)
+raised before anything is served.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterable
 
 from countersign.exceptions import SettingsError, ToolsError
@@ -21,7 +25,8 @@ does not depend on its demo)."""
 IN_CODE = "create_app(tools=...)"
 NO_TOOLS = (
     f"{SETTING} is not set and no tools were given to {IN_CODE}: name yours ({SETTING}=package.module:ATTR); "
-    f"the demo tools load only with COUNTERSIGN_ENV=dev or when named ({SETTING}={DEMO_TOOLS})"
+    f"the demo tools load only with COUNTERSIGN_ENV=dev or when named ({SETTING}={DEMO_TOOLS}); a process "
+    "that serves only handlers of its own names them in COUNTERSIGN_SERVICES"
 )
 
 _process: Registry | None = None
@@ -38,11 +43,22 @@ def build_registry(settings: Settings, tools: Iterable[Tool] = ()) -> Registry:
     named = load_tools(settings.countersign_tools) if settings.countersign_tools else []
     sources = [f"{SETTING}={','.join(settings.countersign_tools)}"] if named else []
     sources += [IN_CODE] if given else []
-    if not sources:
-        if settings.countersign_env != "dev":
-            raise SettingsError(SETTING, NO_TOOLS)
+    dev = settings.countersign_env == "dev"
+    if not sources and dev and (not settings.countersign_services or _demo_present()):
         named, sources = load_tools([DEMO_TOOLS]), [f"the demo tools ({SETTING} is unset, COUNTERSIGN_ENV=dev)"]
+    elif not sources and settings.countersign_services:
+        sources = [f"none ({SETTING} is unset; COUNTERSIGN_SERVICES serves handlers of your own)"]
+    elif not sources:
+        raise SettingsError(SETTING, NO_TOOLS)
     return Registry([*named, *given], settings.approvals_policy_file, source=" and ".join(sources))
+
+
+def _demo_present() -> bool:
+    """Whether the demo tools' package is there to import (a checkout; an installed wheel has none)."""
+    try:
+        return importlib.util.find_spec(DEMO_TOOLS.split(":")[0]) is not None
+    except ImportError:  # its parent package is missing
+        return False
 
 
 def use_tools(settings: Settings, tools: Iterable[Tool] | None = None) -> Registry:

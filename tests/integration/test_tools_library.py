@@ -390,6 +390,22 @@ def test_the_demo_tools_load_unnamed_only_in_dev() -> None:
     assert named.names() == dev.names() and named.source == f"COUNTERSIGN_TOOLS={DEMO_TOOLS}"
 
 
+def test_a_process_that_serves_its_own_handlers_may_serve_no_tools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Questions with `ask_person` need no tool: naming services is enough, outside dev too. In dev,
+    a checkout still serves the demo tools beside them; an installed wheel, which has none, does not."""
+    own = ["desk.services:services"]
+    for mode in ("test", "production"):
+        served = build_registry(Settings(countersign_env=mode, countersign_tools=(), countersign_services=own))
+        assert served.names() == [] and served.source.startswith("none (COUNTERSIGN_TOOLS is unset;")
+    checkout = build_registry(Settings(countersign_env="dev", countersign_tools=(), countersign_services=own))
+    assert "issue_refund" in checkout.names()
+    monkeypatch.setattr(countersign.tools, "DEMO_TOOLS", "not_installed.demo.tools:DEMO_TOOLS")
+    wheel = build_registry(Settings(countersign_env="dev", countersign_tools=(), countersign_services=own))
+    assert wheel.names() == []
+    with pytest.raises(ToolsError, match="not_installed"):
+        build_registry(Settings(countersign_env="dev", countersign_tools=()))
+
+
 def test_create_app_builds_an_app_from_tool_objects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(countersign.tools, "_process", None)  # the tests' own demo tools come back after
     settings = Settings(
