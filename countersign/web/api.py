@@ -27,13 +27,14 @@ from starlette.routing import BaseRoute, Mount, Route, Router
 
 from countersign import textdiff as diff
 from countersign.approval import confirm
-from countersign.approval.question import fields_of, form_values
+from countersign.approval.edits import EditRejected
+from countersign.approval.question import fields_of, form_values, parse_answer
 from countersign.contract import ApprovalRecord, PageSubmission, Strict, Submitted
 from countersign.security import links
 from countersign.security.links import LinkInvalid
 from countersign.settings import Settings
 from countersign.tools.registry import validation_message
-from countersign.web import batch
+from countersign.web import batch, wording
 from countersign.web.inbox_page import InboxPage
 from countersign.web.pages import (
     checked_link,
@@ -84,6 +85,9 @@ class ItemView(BaseModel):
     decided_at: float | None = None
     reason: str | None = None
     edits: dict[str, Any] | None = Field(default=None, description="the approved edits, or a question's answer")
+    answer: dict[str, Any] | None = Field(
+        default=None, description="a question's answer, typed as its fields (as the asking handler gets it)"
+    )
     batch: list[ItemView] = Field(
         default_factory=list,
         description="a batch link's items for this approver (its own among them), each `open` while the link "
@@ -135,6 +139,7 @@ class DecisionOut(BaseModel):
     decided_at: float | None
     reason: str | None = None
     edits: dict[str, Any] | None = None
+    answer: dict[str, Any] | None = Field(default=None, description="a question's answer, typed as its fields")
 
 
 class BatchItemOut(BaseModel):
@@ -280,6 +285,7 @@ class ApproverApi:
             decided_at=record.decided_at,
             reason=record.reason,
             edits=record.edits,
+            answer=_answer_of(record, record.edits),
             batch=items or [],
         )
 
@@ -366,6 +372,9 @@ def _answered(submitted: Submitted) -> Response:
         return problem(400, "A batch", f"{text} Nothing was decided.")
     if submitted.takeover == "review" or record is None or receipt is None:
         return problem(503, "Not confirmed", "The approval service gave no answer; read the item again.")
+    if not receipt.accepted and record.kind == "question":  # in the words its page uses
+        closed = wording.question_closed(receipt.state, receipt.decided_by, None, None, None)
+        return problem(409, closed.title, closed.headline, state=receipt.state, decided_by=receipt.decided_by)
     if not receipt.accepted:
         detail = f"Already {receipt.state.replace('_', ' ')}" + (
             f" by {receipt.decided_by}." if receipt.decided_by else "."
@@ -378,8 +387,27 @@ def _answered(submitted: Submitted) -> Response:
         decided_at=receipt.decided_at,
         reason=receipt.reason,
         edits=receipt.edits,
+        answer=_answer_of(record, receipt.edits),
     )
     return _ok(out)
+
+
+def _answer_of(record: ApprovalRecord, edits: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A question's answer as its asking handler gets it, read by the question's own frozen fields
+    as when it was answered (`edits` are the form's values, or the typed answer once the workflow
+    settled it); the declared default when the deadline answered it. None for an approval, and
+    until answered."""
+    if record.kind != "question":
+        return None
+    if record.decision_source == "deadline_default" and record.state == "approved":
+        default: dict[str, Any] | None = record.args.get("default")
+        return default
+    if not edits:
+        return None
+    try:
+        return parse_answer(fields_of(record.args), form_values(edits))
+    except EditRejected:  # only a record not answered through its form
+        return None
 
 
 def _batch_answered(decided: batch.Decided) -> Response:

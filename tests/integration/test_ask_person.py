@@ -126,14 +126,17 @@ def test_a_question_is_answered_through_the_api_checked_as_the_page_checks_it(st
     )
     assert good.status_code == 200, good.text
     assert good.headers["access-control-allow-origin"] == ADMIN
+    assert good.json()["answer"] == typed, "typed as the handler gets it, not the form's text"
     result = stack.ingress.wait_invocation(invocation).json()
     assert result["outcome"] == "answered" and result["answer"] == typed
+    assert httpx.get(api(stack, mail.link), timeout=30).json()["answer"] == typed
     twice = httpx.post(
         api(stack, mail.link, "/decision"),
         json={"verdict": "answer", "answer": {**typed, "account": "other-acct"}, "csrf": view["csrf"]},
         timeout=30,
     )
     assert twice.status_code == 409 and twice.json()["state"] == "approved"
+    assert twice.json()["detail"].startswith(f"This question was answered by {ANSWERER}"), twice.json()
 
 
 def test_a_waiting_question_is_listed_in_the_approvers_inbox_through_the_api_beside_an_action(
@@ -231,7 +234,9 @@ def test_at_the_deadline_a_question_ends_with_its_default_or_expires(stack: Isol
     second = stack.ingress.wait_invocation(expired, timeout=30).json()
     assert second["outcome"] == "expired" and second["answer"] is None
     view = httpx.get(api(stack, late.link), timeout=30).json()
-    assert view["state"] == "expired" and view["csrf"] is None
+    assert view["state"] == "expired" and view["csrf"] is None and view["answer"] is None
+    by_default = httpx.get(api(stack, mail.link), timeout=30).json()["answer"]
+    assert by_default == first["answer"], "the default answered it, as the handler got it"
     body = {"verdict": "answer", "answer": {"account": "DE89-3704", "amount": 1, "draft": "short"}, "csrf": late_csrf}
     too_late = httpx.post(api(stack, late.link, "/decision"), json=body, timeout=30)
     assert too_late.status_code == 409 and too_late.headers["content-type"] == "application/problem+json"
