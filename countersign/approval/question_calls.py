@@ -56,6 +56,21 @@ _OUTCOMES: dict[Outcome, AnswerOutcome] = {
 }
 
 
+def ended_as(outcome: Outcome, source: str | None) -> AnswerOutcome:
+    """How a question whose action ended in `outcome` ended, in `ask_person`'s words: answered, or
+    defaulted when the deadline (its decision `source`) approved it."""
+    answered = _OUTCOMES.get(outcome, "failed")
+    return "defaulted" if answered == "answered" and source == "deadline_default" else answered
+
+
+def answer_outcome(state: str, source: str | None = None) -> str:
+    """`ended_as` for a question's record in `state`; a state no question ends in (pending, say) as it is."""
+    try:
+        return ended_as(Outcome(state), source)
+    except ValueError:
+        return state
+
+
 class PersonAnswer(BaseModel, Generic[M]):
     """What `ask_person` returns: the typed answer (when there is one) and how the question ended."""
 
@@ -185,13 +200,11 @@ async def _asked(
             409,
         ) from None
     action = result.action
-    outcome = _OUTCOMES.get(action.outcome, "failed")
+    outcome = ended_as(action.outcome, action.decision_source)
     answer: M | None = None
     answered_by = result.record.decided_by
-    if outcome == "answered" and action.args is not None:
-        answered_by = ", ".join(action.approved_by) or None
-        if action.decision_source == "deadline_default":
-            outcome, answered_by = "defaulted", None
+    if outcome in ("answered", "defaulted") and action.args is not None:
+        answered_by = ", ".join(action.approved_by) or None if outcome == "answered" else None
         try:
             answer = answer_model.model_validate(action.args)
         except ValidationError as exc:  # only if the model changed since it was asked

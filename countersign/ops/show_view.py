@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from countersign.approval.question_calls import answer_outcome
 from countersign.approval.trail import shorten
 
 _WIDTH = 100
@@ -26,7 +27,9 @@ def _at(timestamp: Any) -> str:
 
 def _approval(record: dict[str, Any], audit: list[dict[str, Any]]) -> list[str]:
     state = record.get("state", "?")
-    lines = [f"  {record.get('approval_id')}  {record.get('tool')}  {state}"]
+    question = record.get("kind") == "question"  # answered or declined, its edits the answer
+    ended = answer_outcome(state, record.get("decision_source")) if question else state
+    lines = [f"  {record.get('approval_id')}  {record.get('tool')}  {ended}"]
     lines.append(f"    {_short(record.get('summary', ''))}")
     if state == "pending":
         # As the tally counts: this round's votes; the slots without one are who it waits on.
@@ -42,11 +45,14 @@ def _approval(record: dict[str, Any], audit: list[dict[str, Any]]) -> list[str]:
     else:
         who = ", ".join(record.get("approved_by") or []) or record.get("decided_by") or record.get("decision_source")
         via = f" via {record['decided_via']}" if record.get("decided_via") else ""
-        lines.append(f"    {state} by {who or '?'}{via} at {_at(record.get('decided_at'))}")
+        if ended == "defaulted":
+            lines.append(f"    defaulted: nobody answered by the deadline, {_at(record.get('decided_at'))}")
+        else:
+            lines.append(f"    {ended} by {who or '?'}{via} at {_at(record.get('decided_at'))}")
         if record.get("reason"):
             lines.append(f"    reason: {_short(record['reason'])}")
         if record.get("edits"):
-            lines.append(f"    edits: {_short(record['edits'])}")
+            lines.append(f"    {'answer' if question else 'edits'}: {_short(record['edits'])}")
     lines.append(f"    args: {_short(record.get('args', {}))}")
     if audit:
         lines.append(f"    audit: {_short(' · '.join(str(entry.get('kind')) for entry in audit))}")

@@ -381,3 +381,20 @@ def test_the_text_of_show_says_who_decided_what_ran_and_stays_short() -> None:
     }
     lines = show_view.render({"run_id": "r-9", "phase": "awaiting_approval", "approvals": [waiting]}).splitlines()
     assert "    waiting on c@example.com (round 2, 1 of 2 approvals), deadline 1970-01-02 00:00:00Z" in lines
+
+
+def test_the_text_of_show_says_a_question_was_answered_declined_or_defaulted() -> None:
+    def question(state: str, **more: Any) -> dict[str, Any]:
+        return {"approval_id": f"q-{state}", "kind": "question", "tool": "question", "state": state, **more}
+
+    answered = question("approved", decided_by="desk@example.com", decided_via="email", decided_at=0)
+    answered["edits"] = {"floor": 2}
+    declined = question("rejected", decided_by="desk@example.com", decided_at=0, reason="ask the customer")
+    defaulted = question("approved", decision_source="deadline_default", decided_at=0, edits={"floor": 0})
+    approvals = [answered, declined, defaulted]
+    lines = show_view.render({"run_id": "q", "phase": "completed", "approvals": approvals}).splitlines()
+    assert "  q-approved  question  answered" in lines and "  q-rejected  question  declined" in lines
+    assert "    answered by desk@example.com via email at 1970-01-01 00:00:00Z" in lines
+    assert '    answer: {"floor": 2}' in lines and "    reason: ask the customer" in lines
+    assert "    defaulted: nobody answered by the deadline, 1970-01-01 00:00:00Z" in lines
+    assert not any(line.lstrip().startswith(("approved", "rejected", "edits:")) for line in lines)
