@@ -61,7 +61,8 @@ async def submit_form(ctx: WorkflowSharedContext, form: PageSubmission) -> Submi
             return Submitted(record=record, refused=PageNotice(status=400, title="Choose a verdict", text=_PRESS))
     reason = form.reason.strip()
     if verdict == "reject" and not reason:
-        return Submitted(record=record, refused=PageNotice(status=400, title="Reason required", text=_WHY))
+        why = _WHY_DECLINE if record.kind == "question" else _WHY
+        return Submitted(record=record, refused=PageNotice(status=400, title="Reason required", text=why))
     if len(reason) > 2000:
         return Submitted(record=record, refused=PageNotice(status=400, title="Reason too long", text=_SHORTER))
     # Every field the form carries, offered or not: `decide`'s rules refuse one that may not be edited
@@ -119,6 +120,7 @@ _PRESS = "Press Approve or Reject."
 
 
 _WHY = "Say why you reject, so the agent can act on it. Nothing was decided."
+_WHY_DECLINE = "Say why you decline, so the workflow that asked can act on it. Nothing was answered."
 
 
 _SHORTER = "Keep the reason under 2000 characters. Nothing was decided."

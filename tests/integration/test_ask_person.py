@@ -214,6 +214,8 @@ def answer_status_after_close(link: str) -> int:
 def test_a_declined_question_returns_the_reason_and_no_answer(stack: IsolatedStack) -> None:
     invocation = stack.ingress.send("Asker", None, "ask", {"run_id": "q-2"})
     [mail] = wait_for_email(stack.outbox_dir, "q-2")
+    unexplained = answer_question(mail.link, {}, verdict="reject")
+    assert unexplained.status_code == 400 and "Say why you decline" in unexplained.text
     assert answer_question(mail.link, {}, verdict="reject", reason="ask finance, not me").status_code == 200
     result = stack.ingress.wait_invocation(invocation).json()
     assert result["outcome"] == "declined" and result["answer"] is None
