@@ -254,7 +254,9 @@ async def _tell_requester(book: RunBook, waiter: Waiter, action: ActionRecord) -
     """The outcome notice to the person who asked for the run (none when the run was cancelled),
     in one step with the deciding vote's receipt when the waiter held it back."""
     record = waiter.record
-    outcome = _NOTICE.get(action.outcome)
+    # A question's outcome is the asking code's to tell: `ask_person` returns it, and a model that
+    # asked reads it as its tool's answer. Only actions end with a notice to their requester.
+    outcome = _NOTICE.get(action.outcome) if record.kind != "question" else None
     if outcome is None:
         await waiter.send_held_receipt()
         return

@@ -18,18 +18,21 @@ from countersign.mail.render import render
 from countersign.settings import Settings
 
 _VERBS = {"approve": ("approved", "approve"), "reject": ("rejected", "reject")}
+_QUESTION_VERBS = {"approve": ("answered", "answer"), "reject": ("declined", "decline")}
 
 
 def decision_receipt(
     record: ApprovalRecord, slot: int, client: str, settings: Settings, edits: dict[str, str] | None = None
 ) -> OutgoingEmail:
     """The receipt for the vote `slot` cast in the record's current round (approve or reject); an
-    approval that changed a long text shows the diff of what the approver typed (`edits`)."""
+    approval that changed a long text shows the diff of what the approver typed (`edits`), and a
+    question's answer (or decline) the answer as its form took it."""
     votes = [v for v in record.votes if v.slot == slot and v.round == record.round and v.kind in _VERBS]
     if not votes or not 0 <= slot < len(record.approvers):
         raise MailRejected(f"approval {record.approval_id} has no decision by slot {slot} in round {record.round}")
     vote = votes[-1]
-    verb, verdict_word = _VERBS[vote.kind]
+    question = record.kind == "question"
+    verb, verdict_word = (_QUESTION_VERBS if question else _VERBS)[vote.kind]
     subject, text, html = render(
         "decision_receipt",
         record=record,
@@ -42,7 +45,8 @@ def decision_receipt(
         approver=record.approvers[slot],
         now=vote.at,
         pending=False,
-        changes=textdiff.changes(record.args, edits or {}) if vote.kind == "approve" else [],
+        changes=textdiff.changes(record.args, edits or {}) if vote.kind == "approve" and not question else [],
+        answer=(edits or {}) if vote.kind == "approve" and question else {},
     )
     return OutgoingEmail(
         kind="receipt",

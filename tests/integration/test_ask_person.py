@@ -83,6 +83,10 @@ def test_a_question_is_answered_on_its_page_a_bad_answer_decides_nothing_and_a_s
     assert again.status_code == 409 and "Already answered" in again.text, again.text
     record = stack.ingress.call("Approval", "q-1-a0", "status", None).json()["approvals"][0]
     assert record["kind"] == "question" and record["state"] == "approved" and record["edits"]["amount"] == 120.5
+    [receipt] = wait_for_email(stack.outbox_dir, "q-1", kind="receipt")
+    assert str(receipt.message["Subject"]).startswith("You answered:") and "Account: DE89-3704" in receipt.text
+    assert "approval link" not in receipt.text and "action may" not in receipt.text
+    assert approval_emails(stack.outbox_dir, "q-1", kind="outcome") == [], "the handler that asked is told, not mailed"
 
 
 def form_csrf_of(html: str) -> str:

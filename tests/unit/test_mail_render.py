@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import css_inline
 import pytest
 from jinja2 import FileSystemLoader, TemplateError
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from support.injection import (
     BIDI,
     FORGED_LINES,
@@ -28,6 +28,7 @@ from support.injection import (
     value_lines_outside_blocks,
 )
 
+from countersign.approval.question import form_of
 from countersign.contract import ApprovalRecord, Fact, GrantOffer, TrailStep, Vote
 from countersign.mail.approval_email import approval_request, batch_request
 from countersign.mail.grant_email import grant_receipt
@@ -258,6 +259,29 @@ def test_the_decision_receipt_tells_the_decider_what_to_do_if_it_was_not_them() 
         decision_receipt(decided(), 0, "", SETTINGS)
     rejected = decision_receipt(decided("rejected"), 1, "", SETTINGS)
     assert rejected.subject.startswith("You rejected:") and "may already have run" not in rejected.text
+
+
+class NewAddress(BaseModel):
+    street: str
+    floor: int
+
+
+def question(state: str = "approved", **changes: object) -> ApprovalRecord:
+    fields = [f.model_dump(mode="json") for f in form_of(NewAddress)]
+    args = {"question": "New address?", "fields": fields}
+    return decided(state, kind="question", tool="question", args=args, **changes)
+
+
+def test_a_questions_receipt_says_answered_or_declined_and_shows_the_answer() -> None:
+    answered = decision_receipt(question(), 1, "", SETTINGS, edits={"street": "Baker St 221b", "floor": "2"})
+    assert answered.subject.startswith("You answered:")
+    for part in (answered.text, answered.html):
+        assert "link for this question was used to" in part and "answer" in part and "Baker St 221b" in part
+        assert "acted on the answer" in part and "approval link" not in part and "action may" not in part
+    assert "Your answer:\n    Street: Baker St 221b\n    Floor: 2" in answered.text
+    declined = decision_receipt(question("rejected", reason="ask them"), 1, "", SETTINGS)
+    assert declined.subject.startswith("You declined:") and "Your answer" not in declined.text
+    assert "acted on the decline" in declined.text and "ask them" in declined.text
 
 
 @pytest.mark.parametrize(
