@@ -55,7 +55,7 @@ def restate_endpoint(
     given, become them: `countersign.tools.use_tools`). hypercorn, in this process, then schedules its
     HTTP/2 streams with `h2_streams` (a waiting invocation holds one open for minutes), and its
     handlers export spans when the OTEL settings ask for it (countersign.observability.tracing)."""
-    use_tools(settings, tools)
+    use_tools(settings, tools, own_services=bool(services))
     h2_streams.install()
     tracing.configure(settings)
     return restate.app(
@@ -144,8 +144,8 @@ def restate_app(
     Countersign's services, those named by COUNTERSIGN_SERVICES and `services` (Restate Services,
     VirtualObjects, Workflows), for COUNTERSIGN_TOOLS's tools and `tools` (`Tool` objects).
     A service that is not one of those, or a name served twice, raises ServicesError (a ValueError);
-    tools that cannot be served, ToolsError or PolicyError; no tools at all outside dev, SettingsError
-    naming COUNTERSIGN_TOOLS (all of them CountersignError)."""
+    tools that cannot be served, ToolsError or PolicyError; no tools and no services of your own
+    outside dev, SettingsError naming COUNTERSIGN_TOOLS (all of them CountersignError)."""
     return with_restate(restate_endpoint(settings, services, tools), _not_found)
 
 
@@ -158,7 +158,7 @@ def create_app(
     outbox, tools, services): a CountersignError names the first problem."""
     if settings is None:
         settings = get_settings()
-        if tools is not None:
-            use_tools(settings, tools)
+        if tools is not None or services:
+            use_tools(settings, tools, own_services=bool(services))
         startup.check(settings)
     return with_restate(restate_endpoint(settings, services, tools), public_app(settings))

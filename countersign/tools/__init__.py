@@ -3,11 +3,11 @@
 Guarantee: the process serves the tools COUNTERSIGN_TOOLS names, then those given in code
 (`create_app(tools=...)`); the demo tools only when neither names any and COUNTERSIGN_ENV=dev (or
 when named like any other set). With none named, a process that serves handlers of its own
-(COUNTERSIGN_SERVICES: questions with `ask_person`, say) serves no tools, unless it is in dev and the
-demo tools are there to load (a checkout). Anywhere else, no tools is a SettingsError naming
-COUNTERSIGN_TOOLS, so production never serves the demo, or nothing, by accident. The set is built
-once, with the policy file's overrides, and any problem is a typed error (countersign.exceptions)
-raised before anything is served.
+(COUNTERSIGN_SERVICES, or `create_app(services=...)`: questions with `ask_person`, say) serves no
+tools, unless it is in dev and the demo tools are there to load (a checkout). Anywhere else, no
+tools is a SettingsError naming COUNTERSIGN_TOOLS, so production never serves the demo, or nothing,
+by accident. The set is built once, with the policy file's overrides, and any problem is a typed
+error (countersign.exceptions) raised before anything is served.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ NO_TOOLS = (
 _process: Registry | None = None
 
 
-def build_registry(settings: Settings, tools: Iterable[Tool] = ()) -> Registry:
+def build_registry(settings: Settings, tools: Iterable[Tool] = (), *, own_services: bool = False) -> Registry:
     """COUNTERSIGN_TOOLS's tools, then `tools`, with the policy file's overrides (see the module's
-    guarantee for the demo tools). ToolsError, PolicyError or SettingsError on a problem."""
+    guarantee for the demo tools; `own_services`: services were given in code). ToolsError,
+    PolicyError or SettingsError on a problem."""
     given = list(tools)
     for position, item in enumerate(given):
         if not isinstance(item, Tool):
@@ -43,11 +44,11 @@ def build_registry(settings: Settings, tools: Iterable[Tool] = ()) -> Registry:
     named = load_tools(settings.countersign_tools) if settings.countersign_tools else []
     sources = [f"{SETTING}={','.join(settings.countersign_tools)}"] if named else []
     sources += [IN_CODE] if given else []
-    dev = settings.countersign_env == "dev"
-    if not sources and dev and (not settings.countersign_services or _demo_present()):
+    dev, own = settings.countersign_env == "dev", bool(settings.countersign_services) or own_services
+    if not sources and dev and (not own or _demo_present()):
         named, sources = load_tools([DEMO_TOOLS]), [f"the demo tools ({SETTING} is unset, COUNTERSIGN_ENV=dev)"]
-    elif not sources and settings.countersign_services:
-        sources = [f"none ({SETTING} is unset; COUNTERSIGN_SERVICES serves handlers of your own)"]
+    elif not sources and own:
+        sources = [f"none ({SETTING} is unset; the process serves handlers of your own)"]
     elif not sources:
         raise SettingsError(SETTING, NO_TOOLS)
     return Registry([*named, *given], settings.approvals_policy_file, source=" and ".join(sources))
@@ -61,13 +62,14 @@ def _demo_present() -> bool:
         return False
 
 
-def use_tools(settings: Settings, tools: Iterable[Tool] | None = None) -> Registry:
+def use_tools(settings: Settings, tools: Iterable[Tool] | None = None, *, own_services: bool = False) -> Registry:
     """The tools this process serves. With `tools` (even none): built from `settings` and `tools`, and
-    from then on the process's tools. Without: the process's tools, built from `settings` the first time."""
+    from then on the process's tools. Without: the process's tools, built from `settings` the first
+    time (`own_services`: the process serves services given in code, see `build_registry`)."""
     global _process
     if tools is None and _process is not None:
         return _process
-    _process = build_registry(settings, () if tools is None else tools)
+    _process = build_registry(settings, () if tools is None else tools, own_services=own_services)
     return _process
 
 

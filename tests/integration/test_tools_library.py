@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import restate
 from pydantic import BaseModel, ValidationError
 from starlette.testclient import TestClient
 
@@ -397,6 +398,8 @@ def test_a_process_that_serves_its_own_handlers_may_serve_no_tools(monkeypatch: 
     for mode in ("test", "production"):
         served = build_registry(Settings(countersign_env=mode, countersign_tools=(), countersign_services=own))
         assert served.names() == [] and served.source.startswith("none (COUNTERSIGN_TOOLS is unset;")
+        in_code = build_registry(Settings(countersign_env=mode, countersign_tools=()), own_services=True)
+        assert in_code.names() == []
     checkout = build_registry(Settings(countersign_env="dev", countersign_tools=(), countersign_services=own))
     assert "issue_refund" in checkout.names()
     monkeypatch.setattr(countersign.tools, "DEMO_TOOLS", "not_installed.demo.tools:DEMO_TOOLS")
@@ -416,6 +419,9 @@ def test_create_app_builds_an_app_from_tool_objects(tmp_path: Path, monkeypatch:
     )
     with pytest.raises(SettingsError, match=r"^COUNTERSIGN_TOOLS is not set"):
         create_app(settings)
+    # Services of your own given in code and no tools (questions only, say): it serves none.
+    assert TestClient(create_app(settings, [restate.Service("SupportDesk")])).get("/healthz").text == "ok"
+    assert countersign.tools.default_registry().names() == []
     pay = Tool(name="pay", description="Pay.", args_model=PayArgs, effect=effect, policy=gated("amount > 100"))
     app = create_app(settings, tools=[pay])
     assert TestClient(app).get("/healthz").text == "ok"
