@@ -204,7 +204,7 @@ async def _asked(
     answer: M | None = None
     answered_by = result.record.decided_by
     if outcome in ("answered", "defaulted") and action.args is not None:
-        answered_by = ", ".join(action.approved_by) or None if outcome == "answered" else None
+        answered_by = None if outcome == "defaulted" else ", ".join(action.approved_by) or None
         try:
             answer = answer_model.model_validate(action.args)
         except ValidationError as exc:  # only if the model changed since it was asked
