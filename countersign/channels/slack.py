@@ -245,6 +245,8 @@ def _question_blocks(
         {"type": "section", "text": _plain(question)},
         {"type": "section", "text": _plain("To answer: " + "; ".join(asks))},
     ]
+    if record.why:  # as the email shows it: what the asker said it needs the answer for
+        blocks.insert(2, {"type": "section", "text": _plain(f"Why: {record.why}")})
     if goal:
         blocks.append({"type": "section", "text": _plain(f"The {record.asker}'s goal: {goal}")})
     asked = f"Deadline {_when(record.deadline)} · asked of {record.approvers[slot]} · policy: {record.policy}"

@@ -90,6 +90,7 @@ def test_a_questions_slack_message_links_to_its_page_and_offers_no_approve_butto
         tool="question",
         kind="question",
         args={"question": "Card or store credit? <!channel>", "fields": fields, "default": None},
+        why="The customer wants the refund today.",
         approvers=[ASKED],
         active_slots=[0],
     )
@@ -107,3 +108,6 @@ def test_a_questions_slack_message_links_to_its_page_and_offers_no_approve_butto
     assert decline["action_id"] == slack.REJECT_ACTION and "Decline" in decline["text"]["text"]
     shown = str(blocks)
     assert "Your answer (one of: card, credit)" in shown and slack.APPROVE_ACTION not in shown
+    assert "Why: The customer wants the refund today." in shown, "the reason the asker gave, as the email shows it"
+    _, unexplained = slack.request_blocks(record.model_copy(update={"why": ""}), 0, "", "request", (None, None), "u")
+    assert "Why:" not in str(unexplained)
