@@ -47,7 +47,7 @@ from typing import Any, NotRequired, TypedDict
 from countersign.extras import install_hint
 
 try:
-    from langchain.agents.middleware import AgentMiddleware, AgentState
+    from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
     from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolCall, ToolMessage
     from langchain_core.tools import BaseTool, StructuredTool
     from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -187,6 +187,24 @@ class CountersignMiddleware(AgentMiddleware[AgentState[Any], Any]):
         self._defaults = {"requester": requester, "tenant": tenant, "run_id": run_id, "goal": goal}
         self.edit_notice = edit_notice
 
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
+    ) -> ModelResponse[Any]:
+        """The model's reply, passed on unless this middleware sits before `RestateMiddleware`: then it
+        wraps Restate's model call, sees the reply's turnstile already installed, and fails the run here,
+        before any of the reply's calls is gated. (`_check_order` alone cannot tell for a reply's first
+        call, whose turn is open from the start: that call was put to a person while the calls after
+        it waited for a turn that never came.)"""
+        response = await handler(request)
+        ctx = current_context()
+        state = state_from_ctx(ctx) if ctx is not None else None
+        asked = [c["id"] for m in response.result if isinstance(m, AIMessage) for c in m.tool_calls if c.get("id")]
+        if state is not None and asked and list(state.turnstile.events) == asked:
+            raise TerminalError(_AFTER_RESTATE)
+        return response
+
     async def awrap_tool_call(
         self,
         request: ToolCallRequest,
@@ -321,9 +339,10 @@ def _check_order(ctx: restate.Context, call_id: str | None) -> None:
         )
     turn = state.turnstile.events.get(call_id or "")
     if turn is not None and not turn.is_set():
-        raise TerminalError(
-            "CountersignMiddleware must come after RestateMiddleware() in create_agent(middleware=[...])"
-        )
+        raise TerminalError(_AFTER_RESTATE)
+
+
+_AFTER_RESTATE = "CountersignMiddleware must come after RestateMiddleware() in create_agent(middleware=[...])"
 
 
 def _field(context: Any, name: str, default: Any) -> Any:
