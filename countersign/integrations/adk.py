@@ -52,7 +52,10 @@ from typing import Any
 from countersign.extras import install_hint
 
 try:
+    from google.adk.agents.callback_context import CallbackContext
     from google.adk.events import Event
+    from google.adk.models.llm_request import LlmRequest
+    from google.adk.models.llm_response import LlmResponse
     from google.adk.plugins import BasePlugin
     from google.adk.runners import Runner
     from google.adk.tools.base_tool import BaseTool
@@ -194,6 +197,20 @@ class CountersignPlugin(BasePlugin):
         super().__init__(name=name)
         self._defaults = _Run(requester, tenant, run_id, goal)
 
+    async def before_model_callback(
+        self, *, callback_context: CallbackContext, llm_request: LlmRequest
+    ) -> LlmResponse | None:
+        """Reached only when no plugin before this one answered the model call, as `RestatePlugin`
+        does (it makes the journaled call and returns its reply): so Restate's plugin comes after
+        this one, or is missing. Either fails the run here, before any call of the reply is gated.
+        (`_check_order` alone cannot tell for a reply's first call, whose turn is open from the start.)"""
+        ctx = _restate_context()
+        try:
+            PluginState.from_context(callback_context.invocation_id, ctx)
+        except RuntimeError:
+            raise TerminalError(_NEEDS_RESTATE) from None
+        raise TerminalError(_AFTER_RESTATE)
+
     async def before_tool_callback(
         self, *, tool: BaseTool, tool_args: dict[str, Any], tool_context: ToolContext
     ) -> dict[str, Any] | None:
@@ -265,10 +282,14 @@ def _check_order(ctx: restate.Context, tool_context: ToolContext) -> None:
     try:
         state = PluginState.from_context(tool_context.invocation_id, ctx)
     except RuntimeError:
-        raise TerminalError("CountersignPlugin needs RestatePlugin() before it in App(plugins=[...])") from None
+        raise TerminalError(_NEEDS_RESTATE) from None
     turn = state.turnstile.events.get(tool_context.function_call_id or "")
     if turn is not None and not turn.is_set():
-        raise TerminalError("CountersignPlugin must come after RestatePlugin() in App(plugins=[...])")
+        raise TerminalError(_AFTER_RESTATE)
+
+
+_NEEDS_RESTATE = "CountersignPlugin needs RestatePlugin() before it in App(plugins=[...])"
+_AFTER_RESTATE = "CountersignPlugin must come after RestatePlugin() in App(plugins=[...])"
 
 
 def _model_words(tool_context: ToolContext) -> str:

@@ -20,7 +20,7 @@ from support import refund_desk as desk
 from support.approver import form_csrf, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import REPO, IsolatedStack, parked, wait_until
-from support.refund_desk import WHY, desk_env, finish, refund_args, told
+from support.refund_desk import WHY, desk_env, finish, misordered_for_one_call, refund_args, told
 
 from countersign.contract import ActionRecord, Outcome
 from countersign.integrations.adk import EDIT_NOTE, countersign_tools
@@ -186,6 +186,12 @@ def test_a_miswired_agent_fails_its_run_and_runs_nothing(
     assert failed.status_code == 500 and error in failed.json()["message"], failed.text
     with sqlite3.connect(stack.db_path) as db:
         assert db.execute("SELECT count(*) FROM refunds WHERE order_id IN (?, ?)", (first, second)).fetchone() == (0,)
+
+
+def test_a_gate_placed_before_restate_is_refused_before_a_reply_of_one_call_is_asked(
+    stack: IsolatedStack, fake: oai.OpenAIFake, run_id: str
+) -> None:
+    misordered_for_one_call(stack, fake, run_id, ("AdkWiring", run_id), "must come after RestatePlugin()")
 
 
 def agent_statuses(stack: IsolatedStack) -> set[str]:

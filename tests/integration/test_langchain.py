@@ -17,10 +17,10 @@ import pytest
 from fakes import openai_server as oai
 from fakes.fixtures import running
 from support import refund_desk as desk
-from support.approver import approval_emails, form_csrf, submit, wait_for_email
+from support.approver import form_csrf, requests_about, submit, wait_for_email
 from support.business import new_order, refunds_for
 from support.processes import REPO, IsolatedStack, parked, wait_until
-from support.refund_desk import WHY, desk_env, finish, refund_args, told
+from support.refund_desk import WHY, desk_env, finish, misordered_for_one_call, refund_args, told
 
 from countersign.contract import ActionRecord, Outcome
 from countersign.integrations.langchain import (
@@ -188,7 +188,7 @@ def test_a_miswired_agent_fails_its_run_and_runs_nothing(
     failed = stack.ingress.wait_invocation(invocation, timeout=60)
     assert failed.status_code == 500 and error in failed.json()["message"], failed.text
     # Not even the reply's first call, whose turn is open from the start, is put to a person.
-    assert approval_emails(stack.outbox_dir, invocation) == [], "nobody was asked"
+    assert requests_about(stack.outbox_dir, f"order {first}") == [], "nobody was asked"
     with sqlite3.connect(stack.db_path) as db:
         assert db.execute("SELECT count(*) FROM refunds WHERE order_id IN (?, ?)", (first, second)).fetchone() == (0,)
 
@@ -196,16 +196,7 @@ def test_a_miswired_agent_fails_its_run_and_runs_nothing(
 def test_a_gate_placed_before_restate_is_refused_before_a_reply_of_one_call_is_asked(
     stack: IsolatedStack, fake: oai.OpenAIFake, run_id: str
 ) -> None:
-    """A reply's first call has its turn from the start, so only the model call can tell the order:
-    one gated call, with CountersignMiddleware first, fails the run and asks nobody."""
-    order = new_order(stack.db_path, 90000)
-    fake.script(run_id, oai.tool_calls(run_id, ("issue_refund", refund_args(order, "800.00"))), oai.answer(run_id, "."))
-    invocation = stack.ingress.send(
-        "LangChainWiring", None, "run", {"model": f"openai:{run_id}", "order": ["countersign", "restate"]}
-    )
-    failed = stack.ingress.wait_invocation(invocation, timeout=60)
-    assert failed.status_code == 500 and "must come after RestateMiddleware()" in failed.json()["message"], failed.text
-    assert approval_emails(stack.outbox_dir, invocation) == [], "nobody was asked"
+    misordered_for_one_call(stack, fake, run_id, ("LangChainWiring", None), "must come after RestateMiddleware()")
 
 
 def agent_statuses(stack: IsolatedStack) -> set[str]:

@@ -60,6 +60,13 @@ def approval_emails(outbox: Path, run_id: str, kind: str = "request") -> list[Ap
     return [read_email(path) for path in sorted(outbox.glob(f"approval-{kind}_{run_id}-a*.eml"))]
 
 
+def requests_about(outbox: Path, words: str) -> list[ApprovalEmail]:
+    """The approval request emails of any run whose text mentions `words` (a run whose id a test
+    cannot know, as an agent framework's own)."""
+    mails = (read_email(path) for path in sorted(outbox.glob("approval-request_*.eml")))
+    return [mail for mail in mails if words in mail.text]
+
+
 def wait_for_email(
     outbox: Path, run_id: str, count: int = 1, timeout: float = 20, kind: str = "request"
 ) -> list[ApprovalEmail]:

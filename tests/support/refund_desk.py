@@ -10,6 +10,8 @@ from typing import Any
 from fakes import openai_server as oai
 from fakes.provider import JsonObject, Reply
 
+from support.approver import requests_about
+from support.business import new_order
 from support.processes import REPO, IsolatedStack
 
 WHY = "The parcel arrived broken."
@@ -70,3 +72,17 @@ def finish(stack: IsolatedStack, invocation: str) -> dict[str, Any]:
 
 def refund_args(order: int, amount: str) -> dict[str, Any]:
     return {"order_id": order, "amount_usd": amount, "reason": "damaged"}
+
+
+def misordered_for_one_call(
+    stack: IsolatedStack, fake: oai.OpenAIFake, run_id: str, wiring: tuple[str, str | None], error: str
+) -> None:
+    """An agent whose Countersign hook sits before Restate's (`wiring`: its service and key), its model
+    replying with one gated call: the run fails with `error`, and nobody is asked. (A reply's first call
+    has its turn from the start, so only the model call can tell the order.)"""
+    order = new_order(stack.db_path, 90000)
+    fake.script(run_id, oai.tool_calls(run_id, ("issue_refund", refund_args(order, "800.00"))), oai.answer(run_id, "."))
+    task = {"model": f"openai:{run_id}", "order": ["countersign", "restate"]}
+    failed = stack.ingress.wait_invocation(stack.ingress.send(*wiring, "run", task), timeout=60)
+    assert failed.status_code == 500 and error in failed.json()["message"], failed.text
+    assert requests_about(stack.outbox_dir, f"order {order}") == [], "nobody was asked"
