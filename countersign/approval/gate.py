@@ -20,7 +20,7 @@ from restate import TerminalError
 from countersign.approval import confirm, ledger, standing
 from countersign.approval.edits import EditRejected, apply_edits
 from countersign.approval.plan import apply_plan_edits
-from countersign.approval.question import fields_of, parse_answer
+from countersign.approval.question import answer_of
 from countersign.approval.rounds import Opening, closing, open_round
 from countersign.approval.run_state import RunBook, RunFacts
 from countersign.approval.verdict import Verdict, state_of
@@ -345,10 +345,7 @@ def _approved_args(record: ApprovalRecord, final: Verdict) -> tuple[dict[str, An
     if record.kind == "plan":
         return apply_plan_edits(record.args, final.edits or {})
     if record.kind == "question":  # the answer, checked again against the frozen form
-        if final.source == "deadline_default":  # nobody answered: the caller's default, checked when asked
-            default = dict(record.args.get("default") or {})
-            return default, default
-        answer = parse_answer(fields_of(record.args), {k: str(v) for k, v in (final.edits or {}).items()})
+        answer = answer_of(record.args, final.edits, defaulted=final.source == "deadline_default")
         return answer, answer
     tool = default_registry().get(record.tool)
     assert tool is not None  # decide_and_act ends an approval whose tool is gone before reporting it

@@ -330,6 +330,15 @@ def parse_answer(fields: list[QuestionField], values: Mapping[str, str]) -> dict
         raise EditRejected(f"the answer is not valid: {validation_message(exc)}") from None
 
 
+def answer_of(args: Mapping[str, Any], edits: Mapping[str, Any] | None, *, defaulted: bool) -> dict[str, Any]:
+    """A question's answer as the code that asked gets it, from its record's `args`: the declared
+    default when the deadline answered it (`defaulted`), else `edits` (the form's values, or the typed
+    answer a settled record keeps) checked against the frozen fields; EditRejected if they do not fit."""
+    if defaulted:  # checked when it was asked
+        return dict(args.get("default") or {})
+    return parse_answer(fields_of(args), form_values(edits or {}))
+
+
 def fields_of(args: Mapping[str, Any]) -> list[QuestionField]:
     """The frozen fields of a question's record `args`."""
     return [QuestionField.model_validate(f) for f in args.get("fields", [])]

@@ -28,7 +28,7 @@ from starlette.routing import BaseRoute, Mount, Route, Router
 from countersign import textdiff as diff
 from countersign.approval import confirm
 from countersign.approval.edits import EditRejected
-from countersign.approval.question import fields_of, form_values, parse_answer
+from countersign.approval.question import answer_of, fields_of, form_values
 from countersign.contract import ApprovalRecord, PageSubmission, Strict, Submitted
 from countersign.security import links
 from countersign.security.links import LinkInvalid
@@ -397,15 +397,11 @@ def _answer_of(record: ApprovalRecord, edits: dict[str, Any] | None) -> dict[str
     as when it was answered (`edits` are the form's values, or the typed answer once the workflow
     settled it); the declared default when the deadline answered it. None for an approval, and
     until answered."""
-    if record.kind != "question":
-        return None
-    if record.decision_source == "deadline_default" and record.state == "approved":
-        default: dict[str, Any] | None = record.args.get("default")
-        return default
-    if not edits:
+    defaulted = record.decision_source == "deadline_default" and record.state == "approved"
+    if record.kind != "question" or not (edits or defaulted):
         return None
     try:
-        return parse_answer(fields_of(record.args), form_values(edits))
+        return answer_of(record.args, edits, defaulted=defaulted)
     except EditRejected:  # only a record not answered through its form
         return None
 
